@@ -1,0 +1,374 @@
+//! The one error type of the verbs API.
+//!
+//! Every failure names the verb that failed (printed as the libibverbs
+//! function, e.g. `ibv_create_cq`), an errno-like [`ErrorKind`] — because the C
+//! ABI must turn every failure into the errno libibverbs would set — and a
+//! message that says what exactly was wrong.
+//!
+//! Destroying an object can fail (EBUSY while it is in use, EIO after the
+//! device went away); the object then comes back inside a [`Rejected`], so
+//! it stays usable and nothing is lost. Registering owned memory hands the
+//! buffer back the same way when the registration is refused.
+
+use std::fmt;
+use std::io;
+
+/// The verb, or library step, that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verb {
+    /// `ibv_get_device_list`: enumerating (and, on first use, configuring) devices.
+    GetDeviceList,
+    /// `ibv_open_device`.
+    OpenDevice,
+    /// `ibv_close_device`.
+    CloseDevice,
+    /// `ibv_query_device`.
+    QueryDevice,
+    /// `ibv_query_port`.
+    QueryPort,
+    /// `ibv_query_gid` / `ibv_query_gid_ex` / `ibv_query_gid_table`.
+    QueryGid,
+    /// `ibv_query_pkey`.
+    QueryPkey,
+    /// `ibv_create_comp_channel`.
+    CreateCompChannel,
+    /// `ibv_destroy_comp_channel`.
+    DestroyCompChannel,
+    /// `ibv_get_cq_event`.
+    GetCqEvent,
+    /// `ibv_create_cq`.
+    CreateCq,
+    /// `ibv_resize_cq`.
+    ResizeCq,
+    /// `ibv_destroy_cq`.
+    DestroyCq,
+    /// `ibv_poll_cq`.
+    PollCq,
+    /// `ibv_req_notify_cq`.
+    ReqNotifyCq,
+    /// `ibv_alloc_pd`.
+    AllocPd,
+    /// `ibv_dealloc_pd`.
+    DeallocPd,
+    /// `ibv_reg_mr` and its `_iova` variants.
+    RegMr,
+    /// `ibv_rereg_mr`.
+    ReregMr,
+    /// `ibv_dereg_mr`.
+    DeregMr,
+    /// [`MemoryRegion::read_at`](crate::MemoryRegion::read_at).
+    MrRead,
+    /// [`MemoryRegion::write_at`](crate::MemoryRegion::write_at).
+    MrWrite,
+    /// `ibv_get_async_event`.
+    GetAsyncEvent,
+}
+
+impl Verb {
+    /// The name users know the verb by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::GetDeviceList => "ibv_get_device_list",
+            Verb::OpenDevice => "ibv_open_device",
+            Verb::CloseDevice => "ibv_close_device",
+            Verb::QueryDevice => "ibv_query_device",
+            Verb::QueryPort => "ibv_query_port",
+            Verb::QueryGid => "ibv_query_gid",
+            Verb::QueryPkey => "ibv_query_pkey",
+            Verb::CreateCompChannel => "ibv_create_comp_channel",
+            Verb::DestroyCompChannel => "ibv_destroy_comp_channel",
+            Verb::GetCqEvent => "ibv_get_cq_event",
+            Verb::CreateCq => "ibv_create_cq",
+            Verb::ResizeCq => "ibv_resize_cq",
+            Verb::DestroyCq => "ibv_destroy_cq",
+            Verb::PollCq => "ibv_poll_cq",
+            Verb::ReqNotifyCq => "ibv_req_notify_cq",
+            Verb::AllocPd => "ibv_alloc_pd",
+            Verb::DeallocPd => "ibv_dealloc_pd",
+            Verb::RegMr => "ibv_reg_mr",
+            Verb::ReregMr => "ibv_rereg_mr",
+            Verb::DeregMr => "ibv_dereg_mr",
+            Verb::MrRead => "MemoryRegion::read_at",
+            Verb::MrWrite => "MemoryRegion::write_at",
+            Verb::GetAsyncEvent => "ibv_get_async_event",
+        }
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What kind of failure, as the errno libibverbs would report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// `EINVAL`: an argument is out of range or a combination is not allowed.
+    InvalidArgument,
+    /// `EBUSY`: the object is still in use (by children, or by unacknowledged events).
+    Busy,
+    /// `ENOMEM`: a device limit (`max_*`) or memory is exhausted.
+    OutOfMemory,
+    /// `EIO`: the device was disassociated (hot-unplugged); the object is dead.
+    Io,
+    /// `EAGAIN`: nothing to return and the descriptor is non-blocking.
+    WouldBlock,
+    /// `ENODATA`: the table entry asked for is empty.
+    NoData,
+    /// `ENODEV`: the device is gone.
+    NoDevice,
+    /// `EOPNOTSUPP`: the device does not implement this.
+    NotSupported,
+    /// `EADDRINUSE`: the device's UDP endpoint is taken by another process.
+    AddrInUse,
+    /// `EADDRNOTAVAIL`: the configured address is not one of this host's.
+    AddrNotAvailable,
+    /// Any other errno the operating system returned.
+    Os(i32),
+}
+
+impl ErrorKind {
+    /// The errno value this kind stands for.
+    pub fn errno(self) -> i32 {
+        use nix::errno::Errno as E;
+        match self {
+            ErrorKind::InvalidArgument => E::EINVAL as i32,
+            ErrorKind::Busy => E::EBUSY as i32,
+            ErrorKind::OutOfMemory => E::ENOMEM as i32,
+            ErrorKind::Io => E::EIO as i32,
+            ErrorKind::WouldBlock => E::EAGAIN as i32,
+            ErrorKind::NoData => E::ENODATA as i32,
+            ErrorKind::NoDevice => E::ENODEV as i32,
+            ErrorKind::NotSupported => E::EOPNOTSUPP as i32,
+            ErrorKind::AddrInUse => E::EADDRINUSE as i32,
+            ErrorKind::AddrNotAvailable => E::EADDRNOTAVAIL as i32,
+            ErrorKind::Os(n) => n,
+        }
+    }
+
+    /// The kind for an errno value.
+    pub fn from_errno(errno: i32) -> Self {
+        use nix::errno::Errno as E;
+        match E::from_raw(errno) {
+            E::EINVAL => ErrorKind::InvalidArgument,
+            E::EBUSY => ErrorKind::Busy,
+            E::ENOMEM => ErrorKind::OutOfMemory,
+            E::EIO => ErrorKind::Io,
+            E::EAGAIN => ErrorKind::WouldBlock,
+            E::ENODATA => ErrorKind::NoData,
+            E::ENODEV => ErrorKind::NoDevice,
+            E::EOPNOTSUPP => ErrorKind::NotSupported,
+            E::EADDRINUSE => ErrorKind::AddrInUse,
+            E::EADDRNOTAVAIL => ErrorKind::AddrNotAvailable,
+            _ => ErrorKind::Os(errno),
+        }
+    }
+
+    fn errno_name(self) -> &'static str {
+        nix::errno::Errno::from_raw(self.errno()).desc()
+    }
+}
+
+/// A failed verb: which one, the errno-like kind, and a message saying why.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Error {
+    verb: Verb,
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Error {
+    /// A new error for `verb`.
+    pub fn new(verb: Verb, kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            verb,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(verb: Verb, message: impl Into<String>) -> Self {
+        Self::new(verb, ErrorKind::InvalidArgument, message)
+    }
+
+    pub(crate) fn busy(verb: Verb, message: impl Into<String>) -> Self {
+        Self::new(verb, ErrorKind::Busy, message)
+    }
+
+    pub(crate) fn from_io(verb: Verb, err: &io::Error, what: &str) -> Self {
+        let kind = err
+            .raw_os_error()
+            .map(ErrorKind::from_errno)
+            .unwrap_or(ErrorKind::Os(nix::errno::Errno::EIO as i32));
+        Self::new(verb, kind, format!("{what}: {err}"))
+    }
+
+    pub(crate) fn from_errno(verb: Verb, errno: nix::errno::Errno, what: &str) -> Self {
+        Self::new(
+            verb,
+            ErrorKind::from_errno(errno as i32),
+            format!("{what}: {}", errno.desc()),
+        )
+    }
+
+    /// The verb that failed.
+    pub fn verb(&self) -> Verb {
+        self.verb
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The errno libibverbs would report for this failure.
+    pub fn errno(&self) -> i32 {
+        self.kind.errno()
+    }
+
+    /// What exactly was wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} ({})",
+            self.verb,
+            self.message,
+            self.kind.errno_name()
+        )
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("verb", &self.verb)
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = io::Error::from_raw_os_error(e.errno()).kind();
+        io::Error::new(kind, e)
+    }
+}
+
+/// Result of a verb.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A verb that did not happen, with what it was given handed back: the
+/// object of a refused destroy, dealloc, dereg or close (still usable), or
+/// the buffer of a refused registration.
+pub struct Rejected<T> {
+    error: Error,
+    object: T,
+}
+
+impl<T> Rejected<T> {
+    pub(crate) fn new(error: Error, object: T) -> Self {
+        Rejected { error, object }
+    }
+
+    /// Why the object was not destroyed.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The errno-like kind (`Busy`, `Io`, …).
+    pub fn kind(&self) -> ErrorKind {
+        self.error.kind
+    }
+
+    /// Takes the object back.
+    pub fn into_inner(self) -> T {
+        self.object
+    }
+
+    /// Splits into the error and the object.
+    pub fn into_parts(self) -> (Error, T) {
+        (self.error, self.object)
+    }
+}
+
+impl<T> fmt::Debug for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T> std::error::Error for Rejected<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<Rejected<T>> for Error {
+    fn from(e: Rejected<T>) -> Error {
+        e.error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_round_trip() {
+        for kind in [
+            ErrorKind::InvalidArgument,
+            ErrorKind::Busy,
+            ErrorKind::OutOfMemory,
+            ErrorKind::Io,
+            ErrorKind::WouldBlock,
+            ErrorKind::NoData,
+            ErrorKind::NoDevice,
+            ErrorKind::NotSupported,
+            ErrorKind::AddrInUse,
+            ErrorKind::AddrNotAvailable,
+            ErrorKind::Os(nix::errno::Errno::EMFILE as i32),
+        ] {
+            assert_eq!(ErrorKind::from_errno(kind.errno()), kind);
+        }
+        assert_eq!(ErrorKind::Busy.errno(), 16);
+        assert_eq!(ErrorKind::InvalidArgument.errno(), 22);
+    }
+
+    #[test]
+    fn display_names_verb_message_and_errno() {
+        let e = Error::busy(Verb::DestroyCompChannel, "2 CQs still use channel 4");
+        assert_eq!(
+            e.to_string(),
+            "ibv_destroy_comp_channel: 2 CQs still use channel 4 (Device or resource busy)"
+        );
+        let io: io::Error = e.into();
+        assert_eq!(io.raw_os_error(), None);
+        assert_eq!(io.kind(), io::ErrorKind::ResourceBusy);
+    }
+
+    #[test]
+    fn would_block_maps_to_io_would_block() {
+        let io: io::Error = Error::new(Verb::GetCqEvent, ErrorKind::WouldBlock, "x").into();
+        assert_eq!(io.kind(), io::ErrorKind::WouldBlock);
+    }
+}

@@ -1,0 +1,78 @@
+//! RDMA verbs in safe Rust, over a software RoCEv2 device that runs in user
+//! space over UDP.
+//!
+//! ```no_run
+//! use rverbs::AccessFlags;
+//!
+//! let device = rverbs::devices()?.into_iter().next().expect("rverbs0 is always there");
+//! let ctx = device.open()?;
+//! let port = ctx.query_port(1)?;
+//! println!("{}: {:?}, MTU {}", device.name(), port.state, port.active_mtu.bytes());
+//!
+//! let channel = ctx.create_comp_channel()?;
+//! let cq = ctx.cq_builder().cqe(256).channel(&channel).build()?;
+//! let pd = ctx.alloc_pd()?;
+//! let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! mr.write_at(0, b"hello")?;
+//! println!("lkey {:#x} rkey {:#x}", mr.lkey(), mr.rkey());
+//! # Ok::<(), rverbs::Error>(())
+//! ```
+//!
+//! # The device
+//! Each process has its own software device, `rverbs0`, whose UDP endpoint
+//! binds `ADDR:4791`. By default ADDR is the first free address of
+//! 127.0.0.1, 127.0.0.2, …, so several processes on one host each get their
+//! own address and GID with no configuration. For real networks set
+//! `RVERBS_ADDR` (a comma-separated list of `[NAME=]ADDR`, one device each)
+//! or write `/etc/rverbs/rverbs.toml` (or the file `RVERBS_CONFIG` names):
+//!
+//! ```toml
+//! [[device]]
+//! name = "rverbs0"     # optional
+//! addr = "192.0.2.2"   # an address of this host, IPv4 or IPv6, or "auto"
+//! ```
+//!
+//! # Semantics
+//! Verbs behave as in libibverbs and fail with the errno it would report
+//! ([`Error::errno`]). Differences come from ownership:
+//! - children hold their parents alive (CQ → channel → context → device,
+//!   MR → PD → context), so no resource can be orphaned; an explicit
+//!   `destroy`/`dealloc`/`dereg`/`close` reports EBUSY and hands the object
+//!   back ([`Rejected`]), while `Drop` releases it once nothing uses it;
+//! - completion and async events acknowledge themselves when dropped, and a
+//!   destroy with an event still held fails with EBUSY instead of waiting.
+//!
+//! After [`Device::disassociate`] (a hot-unplug), `IBV_EVENT_DEVICE_FATAL`
+//! reaches every context and verbs fail with EIO; destroy verbs too, unless
+//! `RDMAV_ALLOW_DISASSOC_DESTROY` is set (present and not `0`, read once per
+//! process), when they succeed.
+//!
+//! Every object is `Send + Sync`: share it between threads by reference or
+//! in an `Arc`.
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod attr;
+pub mod error;
+pub mod event;
+pub mod resources;
+pub mod soft;
+mod verbs;
+pub mod wc;
+
+pub use attr::{
+    AccessFlags, AtomicCap, DeviceAttr, DeviceCapFlags, Gid, GidEntry, GidType, LinkLayer, Mtu,
+    NodeType, PortAttr, PortCapFlags, PortState, TransportType,
+};
+pub use error::{Error, ErrorKind, Rejected, Result, Verb};
+pub use event::AsyncEventType;
+pub use resources::{LiveResource, ResourceCounts, ResourceKind};
+pub use soft::config::{DeviceAddr, DeviceConfig};
+pub use verbs::async_event::{AsyncEvent, AsyncEventElement};
+pub use verbs::channel::{CompletionChannel, CqEvent};
+pub use verbs::context::Context;
+pub use verbs::cq::{CompletionQueue, CqBuilder};
+pub use verbs::device::{add_device, device_by_name, devices, Device};
+pub use verbs::mr::{MemoryRegion, MrBuffer, Rereg};
+pub use verbs::pd::ProtectionDomain;
+pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};

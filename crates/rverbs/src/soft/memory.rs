@@ -1,0 +1,622 @@
+//! Registered memory as the device sees it.
+//!
+//! This module owns three things:
+//! - the device's key table ([`MrTable`]): random 32-bit keys, unique per
+//!   device, so a peer cannot guess an rkey (lkey and rkey are the same
+//!   value, as on rxe and mlx5);
+//! - the one check every access goes through ([`MrState::check`]): key
+//!   validity, protection domain, access flags, bounds and atomic alignment —
+//!   used for local SGEs, remote requests and the owner's own
+//!   `read_at`/`write_at` alike;
+//! - the only code that copies bytes in and out of registered memory
+//!   ([`MemWindow`]).
+//!
+//! Registered memory is treated like memory a NIC reaches by DMA: it is never
+//! handed out as a Rust reference. Copies run under the MR's read lock;
+//! deregistration and re-registration take the write lock, so they wait for
+//! in-flight copies and later lookups fail.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::attr::AccessFlags;
+
+/// Where an MR's bytes live.
+pub(crate) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Set when the MR owns the allocation (registered through the safe API).
+    owned: bool,
+}
+
+// SAFETY: a Region is a pointer to memory that is either owned by the MR
+// (a leaked Box, freed only by `into_owned`) or promised valid by the caller
+// of the unsafe registration until deregistration. It is only read and written
+// through `MemWindow` copies, never through references, so moving the pointer
+// between threads or sharing it is sound.
+unsafe impl Send for Region {}
+// SAFETY: see `Send` above; shared access only performs raw copies.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Memory the MR owns from now on.
+    pub(crate) fn owned(buf: Box<[u8]>) -> Region {
+        let len = buf.len();
+        let raw: *mut [u8] = Box::into_raw(buf);
+        Region {
+            // A Box pointer is never null.
+            ptr: NonNull::new(raw.cast::<u8>()).unwrap_or(NonNull::dangling()),
+            len,
+            owned: true,
+        }
+    }
+
+    /// The caller's memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads and writes until the Region is
+    /// dropped or replaced, and must not be accessed through Rust references
+    /// while the device may copy into it.
+    pub(crate) unsafe fn foreign(ptr: NonNull<u8>, len: usize) -> Region {
+        Region {
+            ptr,
+            len,
+            owned: false,
+        }
+    }
+
+    /// A zero-length region that owns nothing (what a deregistered MR keeps).
+    pub(crate) fn empty() -> Region {
+        Region {
+            ptr: NonNull::dangling(),
+            len: 0,
+            owned: false,
+        }
+    }
+
+    /// The start address.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Gives owned memory back (and `None` for foreign memory).
+    pub(crate) fn into_owned(self) -> Option<Box<[u8]>> {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.owned.then(|| {
+            let raw = std::ptr::slice_from_raw_parts_mut(this.ptr.as_ptr(), this.len);
+            // SAFETY: `raw` is exactly the pointer and length `Box::into_raw`
+            // returned in `owned`, and ManuallyDrop keeps Drop from freeing it twice.
+            unsafe { Box::from_raw(raw) }
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.owned {
+            let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+            // SAFETY: as in `into_owned`; this is the only place the Box is rebuilt.
+            drop(unsafe { Box::from_raw(raw) });
+        }
+    }
+}
+
+/// What an access wants to do with the memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the transport's entry point; QPs arrive with the RC transport"
+    )
+)]
+pub(crate) enum AccessKind {
+    /// The owner reads through `MemoryRegion::read_at`.
+    CpuRead,
+    /// The owner writes through `MemoryRegion::write_at`.
+    CpuWrite,
+    /// The device gathers from it (send SGE): always allowed.
+    LocalRead,
+    /// The device scatters into it (receive SGE, READ response): `LOCAL_WRITE`.
+    LocalWrite,
+    /// A peer's RDMA READ: `REMOTE_READ`.
+    RemoteRead,
+    /// A peer's RDMA WRITE: `REMOTE_WRITE`.
+    RemoteWrite,
+    /// A peer's atomic: `REMOTE_ATOMIC`, 8 bytes, 8-byte aligned.
+    RemoteAtomic,
+}
+
+impl AccessKind {
+    fn needs(self) -> AccessFlags {
+        match self {
+            AccessKind::CpuRead | AccessKind::CpuWrite | AccessKind::LocalRead => {
+                AccessFlags::empty()
+            }
+            AccessKind::LocalWrite => AccessFlags::LOCAL_WRITE,
+            AccessKind::RemoteRead => AccessFlags::REMOTE_READ,
+            AccessKind::RemoteWrite => AccessFlags::REMOTE_WRITE,
+            AccessKind::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+}
+
+/// Why an access was refused. The transport maps these to completion
+/// statuses (local) or NAK codes (remote).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum AccessError {
+    /// No MR has this key (never had, or deregistered).
+    #[error("no memory region has key {0:#010x}")]
+    NoSuchKey(u32),
+    /// The MR belongs to another protection domain.
+    #[error("memory region is in PD {mr_pd}, the access comes from PD {pd}")]
+    WrongPd {
+        /// The MR's PD.
+        mr_pd: u32,
+        /// The accessor's PD.
+        pd: u32,
+    },
+    /// The MR's access flags do not allow it.
+    #[error("access needs {needed:?}, the memory region allows {allowed:?}")]
+    Denied {
+        /// The flag the access needs.
+        needed: AccessFlags,
+        /// What the MR allows.
+        allowed: AccessFlags,
+    },
+    /// The range is not inside the MR.
+    #[error("range {va:#x}+{len} is outside the memory region {start:#x}+{mr_len}")]
+    OutOfBounds {
+        /// Start of the access.
+        va: u64,
+        /// Its length.
+        len: u64,
+        /// Start of the MR.
+        start: u64,
+        /// Length of the MR.
+        mr_len: u64,
+    },
+    /// An atomic on a range that is not 8 bytes at an 8-byte boundary.
+    #[error("atomic access at {va:#x}+{len} is not 8 bytes at an 8-byte aligned address")]
+    Misaligned {
+        /// Start of the access.
+        va: u64,
+        /// Its length.
+        len: u64,
+    },
+}
+
+/// The mutable part of an MR: replaced by re-registration.
+pub(crate) struct MrState {
+    /// lkey and rkey.
+    pub(crate) key: u32,
+    pub(crate) region: Region,
+    /// The address peers and SGEs use for the first byte.
+    pub(crate) iova: u64,
+    pub(crate) access: AccessFlags,
+    /// Id of the PD it belongs to.
+    pub(crate) pd: u32,
+    /// False once deregistered.
+    pub(crate) valid: bool,
+}
+
+impl MrState {
+    /// The one check for every access: validity, PD, access flags, bounds,
+    /// atomic alignment. Returns the byte offset of `va` in the region.
+    pub(crate) fn check(
+        &self,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: Option<u32>,
+    ) -> Result<usize, AccessError> {
+        if !self.valid {
+            return Err(AccessError::NoSuchKey(self.key));
+        }
+        if let Some(pd) = pd {
+            if pd != self.pd {
+                return Err(AccessError::WrongPd { mr_pd: self.pd, pd });
+            }
+        }
+        let needed = kind.needs();
+        if !self.access.contains(needed) {
+            return Err(AccessError::Denied {
+                needed,
+                allowed: self.access,
+            });
+        }
+        let out_of_bounds = AccessError::OutOfBounds {
+            va,
+            len,
+            start: self.iova,
+            mr_len: self.region.len as u64,
+        };
+        let offset = va.checked_sub(self.iova).ok_or(out_of_bounds)?;
+        let end = offset.checked_add(len).ok_or(out_of_bounds)?;
+        if end > self.region.len as u64 {
+            return Err(out_of_bounds);
+        }
+        if kind == AccessKind::RemoteAtomic && (len != 8 || va % 8 != 0) {
+            return Err(AccessError::Misaligned { va, len });
+        }
+        Ok(offset as usize)
+    }
+
+    /// A window on `[va, va+len)` after [`check`](Self::check) passed.
+    pub(crate) fn window(
+        &self,
+        va: u64,
+        len: usize,
+        kind: AccessKind,
+        pd: Option<u32>,
+    ) -> Result<MemWindow<'_>, AccessError> {
+        let offset = self.check(va, len as u64, kind, pd)?;
+        // SAFETY: check() proved offset + len <= region.len, so the pointer
+        // stays inside (or one past the end of) the region's allocation.
+        let ptr = unsafe { self.region.ptr.as_ptr().add(offset) };
+        Ok(MemWindow {
+            ptr,
+            len,
+            _state: PhantomData,
+        })
+    }
+}
+
+/// A checked range of registered memory, valid while the MR lock it borrows
+/// from is held. The only code that touches registered bytes.
+pub(crate) struct MemWindow<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _state: PhantomData<&'a MrState>,
+}
+
+impl MemWindow<'_> {
+    /// Copies the start of the window into `dst`; returns bytes copied.
+    pub(crate) fn read_into(&self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.len);
+        // SAFETY: `ptr..ptr+n` is inside the registered region (checked when the
+        // window was made) and stays allocated while the MR read lock is held.
+        // `ptr::copy` tolerates overlap, which only foreign registrations could
+        // produce. Concurrent device writes to the same bytes give unspecified
+        // contents, as DMA does, but never touch memory outside the region.
+        unsafe { std::ptr::copy(self.ptr, dst.as_mut_ptr(), n) };
+        n
+    }
+
+    /// Copies `src` into the start of the window; returns bytes copied.
+    pub(crate) fn write_from(&self, src: &[u8]) -> usize {
+        let n = src.len().min(self.len);
+        // SAFETY: as in `read_into`; the region is writable memory we own or
+        // the caller of the unsafe registration promised.
+        unsafe { std::ptr::copy(src.as_ptr(), self.ptr, n) };
+        n
+    }
+}
+
+/// An MR as the device knows it.
+pub(crate) struct MrCore {
+    /// Handle of the MR (device-unique).
+    pub(crate) handle: u32,
+    state: RwLock<MrState>,
+}
+
+impl MrCore {
+    pub(crate) fn new(handle: u32, state: MrState) -> MrCore {
+        MrCore {
+            handle,
+            state: RwLock::new(state),
+        }
+    }
+
+    /// Read access: copies run under it.
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, MrState> {
+        // MrState is never left half-updated: a panic elsewhere cannot poison meaning.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The registered bytes as a slice, for as long as `self` is borrowed.
+    ///
+    /// # Safety
+    /// Nothing may write the region while the slice lives (no device access
+    /// with write permission, no owner write), and the region must not be
+    /// replaced or released meanwhile (the caller's borrow rules that out).
+    pub(crate) unsafe fn bytes(&self) -> &[u8] {
+        let st = self.read();
+        let (ptr, len) = (st.region.ptr, st.region.len);
+        // SAFETY: ptr..ptr+len is one live allocation (an owned Box, or memory
+        // the registrant promised valid) that outlives the borrow of `self`
+        // per the caller's guarantee; the caller rules out writers.
+        unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) }
+    }
+
+    /// The registered bytes as a mutable slice.
+    ///
+    /// # Safety
+    /// As for [`bytes`](Self::bytes), and nothing else may read the region either.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        let st = self.read();
+        let (ptr, len) = (st.region.ptr, st.region.len);
+        // SAFETY: as in `bytes`; the caller rules out every other access.
+        unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) }
+    }
+
+    /// Write access: waits for in-flight copies.
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, MrState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The device's MRs by key.
+pub(crate) struct MrTable {
+    by_key: RwLock<HashMap<u32, Arc<MrCore>>>,
+    limit: usize,
+}
+
+impl MrTable {
+    pub(crate) fn new(limit: usize) -> MrTable {
+        MrTable {
+            by_key: RwLock::new(HashMap::new()),
+            limit,
+        }
+    }
+
+    fn map_read(&self) -> RwLockReadGuard<'_, HashMap<u32, Arc<MrCore>>> {
+        self.by_key.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map_write(&self) -> RwLockWriteGuard<'_, HashMap<u32, Arc<MrCore>>> {
+        self.by_key.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of registered MRs.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map_read().len()
+    }
+
+    /// Registers an MR under a fresh key (written into `state.key`). When the
+    /// table is full (`max_mr`) the state comes back.
+    pub(crate) fn insert(&self, handle: u32, mut state: MrState) -> Result<Arc<MrCore>, MrState> {
+        let mut map = self.map_write();
+        if map.len() >= self.limit {
+            return Err(state);
+        }
+        let key = fresh_key(&map);
+        state.key = key;
+        let mr = Arc::new(MrCore::new(handle, state));
+        map.insert(key, mr.clone());
+        Ok(mr)
+    }
+
+    /// Gives `mr` a fresh key (re-registration), retiring `old`. Returns the new key.
+    pub(crate) fn rekey(&self, mr: &Arc<MrCore>, old: u32) -> u32 {
+        let mut map = self.map_write();
+        map.remove(&old);
+        let key = fresh_key(&map);
+        map.insert(key, mr.clone());
+        key
+    }
+
+    /// Forgets a key: later lookups fail.
+    pub(crate) fn remove(&self, key: u32) {
+        self.map_write().remove(&key);
+    }
+
+    /// Looks `key` up, checks the access and runs `f` on the window while the
+    /// MR cannot be deregistered or re-registered.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the transport's entry point; QPs arrive with the RC transport"
+        )
+    )]
+    pub(crate) fn access<R>(
+        &self,
+        key: u32,
+        va: u64,
+        len: usize,
+        kind: AccessKind,
+        pd: Option<u32>,
+        f: impl FnOnce(MemWindow<'_>) -> R,
+    ) -> Result<R, AccessError> {
+        let mr = self
+            .map_read()
+            .get(&key)
+            .cloned()
+            .ok_or(AccessError::NoSuchKey(key))?;
+        let state = mr.read();
+        if state.key != key {
+            // Re-keyed between the lookup and the lock.
+            return Err(AccessError::NoSuchKey(key));
+        }
+        let window = state.window(va, len, kind, pd)?;
+        Ok(f(window))
+    }
+}
+
+/// A random key not in use: neither 0 nor all ones, which some programs treat
+/// as "no key".
+fn fresh_key(taken: &HashMap<u32, Arc<MrCore>>) -> u32 {
+    loop {
+        let k = random_u32();
+        if k != 0 && k != u32::MAX && !taken.contains_key(&k) {
+            return k;
+        }
+    }
+}
+
+fn random_u32() -> u32 {
+    match getrandom::u32() {
+        Ok(v) => v,
+        Err(e) => {
+            // getrandom(2) only fails before the kernel's pool is seeded; wait for it.
+            tracing::warn!("getrandom failed ({e}); retrying");
+            std::thread::yield_now();
+            random_u32()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_with(access: AccessFlags, len: usize) -> (MrTable, Arc<MrCore>, u32) {
+        let t = MrTable::new(16);
+        let mr = t
+            .insert(
+                1,
+                MrState {
+                    key: 0,
+                    region: Region::owned(vec![0u8; len].into_boxed_slice()),
+                    iova: 0x1000,
+                    access,
+                    pd: 7,
+                    valid: true,
+                },
+            )
+            .ok()
+            .unwrap();
+        let key = mr.read().key;
+        (t, mr, key)
+    }
+
+    #[test]
+    fn remote_write_then_local_read_round_trip() {
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, 64);
+        t.access(key, 0x1010, 4, AccessKind::RemoteWrite, Some(7), |w| {
+            assert_eq!(w.write_from(b"abcd"), 4)
+        })
+        .unwrap();
+        let mut out = [0u8; 4];
+        t.access(key, 0x1010, 4, AccessKind::LocalRead, Some(7), |w| {
+            w.read_into(&mut out)
+        })
+        .unwrap();
+        assert_eq!(&out, b"abcd");
+    }
+
+    #[test]
+    fn every_check_refuses_what_it_must() {
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ, 64);
+        let nop = |_: MemWindow<'_>| ();
+        assert_eq!(
+            t.access(key ^ 1, 0x1000, 1, AccessKind::RemoteRead, Some(7), nop),
+            Err(AccessError::NoSuchKey(key ^ 1))
+        );
+        assert!(matches!(
+            t.access(key, 0x1000, 1, AccessKind::RemoteRead, Some(8), nop),
+            Err(AccessError::WrongPd { mr_pd: 7, pd: 8 })
+        ));
+        assert!(matches!(
+            t.access(key, 0x1000, 1, AccessKind::RemoteWrite, Some(7), nop),
+            Err(AccessError::Denied { .. })
+        ));
+        assert!(matches!(
+            t.access(key, 0x1000, 8, AccessKind::RemoteAtomic, Some(7), nop),
+            Err(AccessError::Denied { .. })
+        ));
+        for (va, len) in [(0xfff, 1), (0x1000, 65), (0x1040, 1), (u64::MAX, 2)] {
+            assert!(
+                matches!(
+                    t.access(key, va, len, AccessKind::RemoteRead, Some(7), nop),
+                    Err(AccessError::OutOfBounds { .. })
+                ),
+                "{va:#x}+{len}"
+            );
+        }
+        // Edges are inside: the last byte and an empty access at the end.
+        t.access(key, 0x103f, 1, AccessKind::RemoteRead, Some(7), nop)
+            .unwrap();
+        t.access(key, 0x1040, 0, AccessKind::RemoteRead, Some(7), nop)
+            .unwrap();
+    }
+
+    #[test]
+    fn atomics_need_eight_aligned_bytes() {
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC, 64);
+        let nop = |_: MemWindow<'_>| ();
+        t.access(key, 0x1008, 8, AccessKind::RemoteAtomic, None, nop)
+            .unwrap();
+        assert!(matches!(
+            t.access(key, 0x1004, 8, AccessKind::RemoteAtomic, None, nop),
+            Err(AccessError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            t.access(key, 0x1008, 4, AccessKind::RemoteAtomic, None, nop),
+            Err(AccessError::Misaligned { .. })
+        ));
+    }
+
+    #[test]
+    fn removed_and_rekeyed_keys_stop_working() {
+        let (t, mr, key) = table_with(AccessFlags::LOCAL_WRITE, 8);
+        let nop = |_: MemWindow<'_>| ();
+        let new_key = t.rekey(&mr, key);
+        mr.write().key = new_key;
+        assert_ne!(new_key, key);
+        assert!(t
+            .access(key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
+            .is_err());
+        t.access(new_key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
+            .unwrap();
+        t.remove(new_key);
+        assert_eq!(t.len(), 0);
+        assert!(t
+            .access(new_key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
+            .is_err());
+    }
+
+    fn state() -> MrState {
+        MrState {
+            key: 0,
+            region: Region::owned(vec![0u8; 1].into_boxed_slice()),
+            iova: 0,
+            access: AccessFlags::empty(),
+            pd: 0,
+            valid: true,
+        }
+    }
+
+    #[test]
+    fn table_limit_hands_the_state_back() {
+        let t = MrTable::new(2);
+        assert!(t.insert(0, state()).is_ok());
+        assert!(t.insert(0, state()).is_ok());
+        let back = t.insert(0, state()).err().expect("table is full");
+        assert_eq!(back.region.len(), 1);
+    }
+
+    #[test]
+    fn keys_are_unique_and_spread() {
+        let t = MrTable::new(10_000);
+        let mut keys = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            let mr = t.insert(0, state()).ok().unwrap();
+            assert!(keys.insert(mr.read().key));
+        }
+        // Keys are random, not counted: their upper halves take every bit.
+        let high_bits_seen = keys.iter().fold(0u32, |acc, k| acc | (k >> 16));
+        assert_eq!(high_bits_seen, 0xffff);
+    }
+
+    #[test]
+    fn owned_region_comes_back_intact() {
+        let r = Region::owned(vec![1, 2, 3].into_boxed_slice());
+        assert_eq!(r.len(), 3);
+        assert_eq!(&*r.into_owned().unwrap(), &[1, 2, 3]);
+        let mut backing = [9u8; 4];
+        // SAFETY: `backing` outlives the region and is not otherwise used meanwhile.
+        let f = unsafe { Region::foreign(NonNull::new(backing.as_mut_ptr()).unwrap(), 4) };
+        assert!(f.into_owned().is_none());
+    }
+}

@@ -1,0 +1,184 @@
+//! Completion queues (`ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq`,
+//! `ibv_resize_cq`, `ibv_destroy_cq`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, Rejected, Result, Verb};
+use crate::soft::context::ContextCore;
+use crate::soft::cq::CqCore;
+use crate::soft::device::DestroyPath;
+use crate::verbs::channel::CompletionChannel;
+use crate::wc::WorkCompletion;
+
+/// Builds a CQ: size, optional completion channel, completion vector and
+/// user data (`cq_context`).
+#[must_use]
+pub struct CqBuilder<'a> {
+    ctx: &'a Arc<ContextCore>,
+    cqe: u32,
+    channel: Option<&'a CompletionChannel>,
+    comp_vector: u32,
+    user_data: u64,
+}
+
+impl<'a> CqBuilder<'a> {
+    pub(crate) fn new(ctx: &'a Arc<ContextCore>) -> Self {
+        CqBuilder {
+            ctx,
+            cqe: 1,
+            channel: None,
+            comp_vector: 0,
+            user_data: 0,
+        }
+    }
+
+    /// Minimum number of entries (1..=`max_cqe`; default 1).
+    pub fn cqe(mut self, cqe: u32) -> Self {
+        self.cqe = cqe;
+        self
+    }
+
+    /// Deliver completion events to `channel` (same context).
+    pub fn channel(mut self, channel: &'a CompletionChannel) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+
+    /// Completion vector (below `num_comp_vectors`; default 0).
+    pub fn comp_vector(mut self, comp_vector: u32) -> Self {
+        self.comp_vector = comp_vector;
+        self
+    }
+
+    /// A value returned with every event of this CQ (`cq_context`).
+    pub fn user_data(mut self, user_data: u64) -> Self {
+        self.user_data = user_data;
+        self
+    }
+
+    /// Creates the CQ.
+    pub fn build(self) -> Result<CompletionQueue> {
+        Ok(CompletionQueue {
+            core: CqCore::create(
+                self.ctx,
+                self.cqe,
+                self.channel.map(|c| &c.core),
+                self.comp_vector,
+                self.user_data,
+            )?,
+        })
+    }
+}
+
+/// A completion queue.
+///
+/// It keeps its context and channel alive. Destroy it explicitly with
+/// [`destroy`](Self::destroy) to learn of EBUSY; dropping it releases it
+/// once no QP uses it any more.
+pub struct CompletionQueue {
+    pub(crate) core: Arc<CqCore>,
+}
+
+impl CompletionQueue {
+    /// The CQ's handle (unique on the device).
+    pub fn handle(&self) -> u32 {
+        self.core.handle
+    }
+
+    /// Its capacity (the `cqe` field).
+    pub fn cqe(&self) -> u32 {
+        self.core.capacity()
+    }
+
+    /// The user data it was created with.
+    pub fn user_data(&self) -> u64 {
+        self.core.user_data
+    }
+
+    /// Its completion vector.
+    pub fn comp_vector(&self) -> u32 {
+        self.core.comp_vector
+    }
+
+    /// Moves up to `wc.len()` completions, oldest first, into `wc`; returns
+    /// how many (`ibv_poll_cq`). Completions already queued stay readable
+    /// after a disassociation.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        Ok(self.core.poll(wc))
+    }
+
+    /// Arms the notification: the next completion (or, with
+    /// `solicited_only`, the next solicited or unsuccessful one) queues one
+    /// event on the CQ's channel (`ibv_req_notify_cq`). Completions already
+    /// in the CQ do not fire it: poll after arming.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.core.ctx.device.check_alive(Verb::ReqNotifyCq)?;
+        self.core.arm(solicited_only);
+        Ok(())
+    }
+
+    /// Changes the capacity (`ibv_resize_cq`): 1..=`max_cqe` and not below
+    /// the completions now queued, else EINVAL.
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        self.core.resize(cqe)
+    }
+
+    /// Completion events (reported, acknowledged) so far.
+    pub fn comp_events(&self) -> (u32, u32) {
+        self.core.comp_events.totals()
+    }
+
+    /// Async events (reported, acknowledged) so far.
+    pub fn async_events(&self) -> (u32, u32) {
+        self.core.async_events.totals()
+    }
+
+    /// Destroys the CQ (`ibv_destroy_cq`). Fails with EBUSY, handing the CQ
+    /// back, while a QP uses it or while a [`CqEvent`](crate::CqEvent) or
+    /// [`AsyncEvent`](crate::AsyncEvent) for it is unacknowledged.
+    pub fn destroy(self) -> Result<(), Rejected<CompletionQueue>> {
+        let verb = Verb::DestroyCq;
+        match self.core.ctx.device.destroy_path(verb) {
+            Err(e) => return Err(Rejected::new(e, self)),
+            Ok(DestroyPath::Forced) => {}
+            Ok(DestroyPath::Checked) => {
+                let why = if self.core.users() > 0 {
+                    Some(format!(
+                        "{} QP(s) use CQ {}",
+                        self.core.users(),
+                        self.core.handle
+                    ))
+                } else if self.core.comp_events.unacked() > 0 {
+                    Some(format!(
+                        "{} completion event(s) of CQ {} not acknowledged (drop the CqEvent)",
+                        self.core.comp_events.unacked(),
+                        self.core.handle
+                    ))
+                } else if self.core.async_events.unacked() > 0 {
+                    Some(format!(
+                        "{} async event(s) of CQ {} not acknowledged (drop the AsyncEvent)",
+                        self.core.async_events.unacked(),
+                        self.core.handle
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return Err(Rejected::new(Error::busy(verb, why), self));
+                }
+            }
+        }
+        self.core.release();
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("handle", &self.core.handle)
+            .field("cqe", &self.core.capacity())
+            .finish()
+    }
+}

@@ -1,0 +1,10 @@
+//! The public verbs: one module per object, each a handle over its core in
+//! [`crate::soft`].
+
+pub(crate) mod async_event;
+pub(crate) mod channel;
+pub(crate) mod context;
+pub(crate) mod cq;
+pub(crate) mod device;
+pub(crate) mod mr;
+pub(crate) mod pd;

@@ -1,0 +1,134 @@
+//! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`) and memory
+//! registration through them (`ibv_reg_mr` and its variants).
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::attr::AccessFlags;
+use crate::error::{Error, Rejected, Result, Verb};
+use crate::soft::context::ContextCore;
+use crate::soft::device::DestroyPath;
+use crate::soft::memory::Region;
+use crate::soft::pd::PdCore;
+use crate::verbs::mr::{MemoryRegion, MrBuffer};
+
+/// A protection domain: MRs, QPs and AHs of one PD can reach each other only.
+pub struct ProtectionDomain {
+    pub(crate) core: Arc<PdCore>,
+}
+
+impl ProtectionDomain {
+    pub(crate) fn alloc(ctx: &Arc<ContextCore>) -> Result<ProtectionDomain> {
+        Ok(ProtectionDomain {
+            core: PdCore::alloc(ctx)?,
+        })
+    }
+
+    /// The PD's handle (unique on the device).
+    pub fn handle(&self) -> u32 {
+        self.core.handle
+    }
+
+    /// Registers memory the MR takes ownership of, at its own address as the
+    /// iova (`ibv_reg_mr`). On failure the buffer comes back in the error.
+    pub fn reg_mr(
+        &self,
+        buf: impl Into<MrBuffer>,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, Rejected<MrBuffer>> {
+        let buf = buf.into();
+        let iova = buf.as_ptr() as u64;
+        self.reg_mr_iova(buf, iova, access)
+    }
+
+    /// Registers a new zeroed buffer of `len` bytes.
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        self.reg_mr(MrBuffer::zeroed(len), access)
+            .map_err(Error::from)
+    }
+
+    /// Registers owned memory with `iova` as the address of its first byte
+    /// (`ibv_reg_mr_iova`). `iova` must have the same offset within a 4 KiB
+    /// page as the buffer, as the kernel requires.
+    pub fn reg_mr_iova(
+        &self,
+        buf: impl Into<MrBuffer>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, Rejected<MrBuffer>> {
+        let buf = buf.into();
+        let (addr, len) = (buf.as_ptr() as u64, buf.len());
+        let access = match MemoryRegion::check_registration(&self.core, addr, len, iova, access) {
+            Ok(a) => a,
+            Err(e) => return Err(Rejected::new(e, buf)),
+        };
+        MemoryRegion::register(
+            &self.core,
+            Region::owned(buf.into_boxed_slice()),
+            iova,
+            access,
+        )
+        .map_err(|(e, region)| {
+            let buf = region.into_owned().unwrap_or_default();
+            Rejected::new(e, MrBuffer::from(buf))
+        })
+    }
+
+    /// Registers memory the caller owns (`ibv_reg_mr_iova2`).
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be valid for reads and writes, and stay valid
+    /// until the returned MR is deregistered, dropped or re-registered to
+    /// other memory; the device may read or write it at any time meanwhile,
+    /// so the caller must not hold Rust references to it while the MR allows
+    /// the device to write (local or remote write access).
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        let ptr =
+            NonNull::new(addr).ok_or_else(|| Error::invalid(Verb::RegMr, "address is NULL"))?;
+        let access = MemoryRegion::check_registration(&self.core, addr as u64, len, iova, access)?;
+        // SAFETY: the caller guarantees the range for the MR's lifetime.
+        let region = unsafe { Region::foreign(ptr, len) };
+        MemoryRegion::register(&self.core, region, iova, access).map_err(|(e, _)| e)
+    }
+
+    /// Deallocates the PD (`ibv_dealloc_pd`). Fails with EBUSY, handing the
+    /// PD back, while MRs, QPs or AHs use it.
+    pub fn dealloc(self) -> Result<(), Rejected<ProtectionDomain>> {
+        let verb = Verb::DeallocPd;
+        match self.core.ctx.device.destroy_path(verb) {
+            Err(e) => return Err(Rejected::new(e, self)),
+            Ok(DestroyPath::Forced) => {}
+            Ok(DestroyPath::Checked) => {
+                let users = self.core.users();
+                if users > 0 {
+                    let err = Error::busy(
+                        verb,
+                        format!(
+                            "{users} MR(s), QP(s) or AH(s) still use PD {}",
+                            self.core.handle
+                        ),
+                    );
+                    return Err(Rejected::new(err, self));
+                }
+            }
+        }
+        self.core.release();
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("handle", &self.core.handle)
+            .field("users", &self.core.users())
+            .finish()
+    }
+}
