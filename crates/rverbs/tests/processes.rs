@@ -1,1 +1,327 @@
-fn main() {}
+//! Checks that need processes of their own: several processes sharing one
+//! host's loopback, configuration read from the environment and files, and
+//! `RDMAV_ALLOW_DISASSOC_DESTROY`, which is read once per process.
+//!
+//! The binary is its own helper: `processes --child MODE` runs one child
+//! scenario; without `--child` it runs every check as the parent (a filter
+//! argument selects checks by name, as with libtest).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use rverbs::{devices, AccessFlags, AsyncEventElement, AsyncEventType, ErrorKind};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        let mode = args.get(i + 1).map(String::as_str).unwrap_or("");
+        child(mode, &args[i + 2..]);
+        return;
+    }
+    let filter: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let checks: &[(&str, fn())] = &[
+        ("processes_get_their_own_loopback_address", own_addresses),
+        ("rverbs_addr_sets_the_address", addr_env_sets_address),
+        ("bad_rverbs_addr_is_a_clear_error", bad_addr_env),
+        ("config_file_sets_the_devices", config_file),
+        ("address_in_use_is_reported", address_in_use),
+        ("disassociation_without_allow_destroy", disassoc_unset),
+        ("disassociation_with_allow_destroy_1", disassoc_set),
+        ("disassociation_with_allow_destroy_0", disassoc_zero),
+    ];
+    let mut failed = Vec::new();
+    let mut ran = 0;
+    for (name, check) in checks {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        ran += 1;
+        match std::panic::catch_unwind(check) {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(*name);
+            }
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        ran - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+}
+
+/// A child of this binary in `mode`, with a clean rverbs environment.
+fn child_cmd(mode: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.arg("--child").arg(mode).args(args);
+    for var in [
+        "RVERBS_ADDR",
+        "RVERBS_CONFIG",
+        "RDMAV_ALLOW_DISASSOC_DESTROY",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(mut cmd: Command) -> Output {
+    let out = cmd.output().unwrap();
+    let o = Output {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(!o.stderr.contains("panicked") || !o.ok, "{}", o.stderr);
+    o
+}
+
+// ---- parent checks ----
+
+fn own_addresses() {
+    // Three processes, no configuration: each gets its own address and GID.
+    let mut children: Vec<_> = (0..3)
+        .map(|_| {
+            child_cmd("hold", &[])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut lines = Vec::new();
+    for c in &mut children {
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        lines.push(line.trim().to_string());
+    }
+    for c in &mut children {
+        drop(c.stdin.take());
+        assert!(c.wait().unwrap().success());
+    }
+    let addrs: std::collections::HashSet<_> = lines.iter().map(|l| l.split(' ').nth(1)).collect();
+    assert_eq!(addrs.len(), 3, "{lines:?}");
+    for l in &lines {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f[0], "rverbs0", "{l}");
+        assert!(f[1].starts_with("127.0.0."), "{l}");
+        assert_eq!(f[2], format!("::ffff:{}", f[1]), "{l}");
+    }
+}
+
+fn addr_env_sets_address() {
+    let mut cmd = child_cmd("show", &[]);
+    cmd.env("RVERBS_ADDR", "127.0.0.77");
+    let o = run(cmd);
+    assert!(o.ok, "{}", o.stderr);
+    assert_eq!(
+        o.stdout.trim(),
+        "rverbs0 127.0.0.77 ::ffff:127.0.0.77 525645ff7f00004d"
+    );
+}
+
+fn bad_addr_env() {
+    for (value, needle) in [
+        ("127.0.0.300", "not an IP address"),
+        ("198.51.100.7", "not an address of this host"),
+        ("", "empty"),
+    ] {
+        let mut cmd = child_cmd("show", &[]);
+        cmd.env("RVERBS_ADDR", value);
+        let o = run(cmd);
+        assert!(!o.ok, "{value}: {}", o.stdout);
+        assert!(o.stderr.contains("RVERBS_ADDR"), "{value}: {}", o.stderr);
+        assert!(o.stderr.contains(needle), "{value}: {}", o.stderr);
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    }
+    let mut cmd = child_cmd("show", &[]);
+    cmd.env("RVERBS_CONFIG", "/nonexistent/rverbs.toml");
+    let o = run(cmd);
+    assert!(!o.ok && o.stderr.contains("RVERBS_CONFIG"), "{}", o.stderr);
+}
+
+fn config_file() {
+    let path = std::env::temp_dir().join(format!("rverbs-proc-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[[device]]\nname = \"east\"\naddr = \"127.0.0.81\"\n\n[[device]]\naddr = \"auto\"\n",
+    )
+    .unwrap();
+    let mut cmd = child_cmd("show", &[]);
+    cmd.env("RVERBS_CONFIG", &path);
+    let o = run(cmd);
+    std::fs::remove_file(&path).unwrap();
+    assert!(o.ok, "{}", o.stderr);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", o.stdout);
+    assert!(lines[0].starts_with("east 127.0.0.81 "), "{}", o.stdout);
+    assert!(lines[1].starts_with("rverbs0 127.0.0."), "{}", o.stdout);
+}
+
+fn address_in_use() {
+    let mut holder = child_cmd("hold", &[])
+        .env("RVERBS_ADDR", "127.0.0.91")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("127.0.0.91"), "{line}");
+    let mut cmd = child_cmd("show", &[]);
+    cmd.env("RVERBS_ADDR", "127.0.0.91");
+    let o = run(cmd);
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    assert!(!o.ok);
+    assert!(
+        o.stderr.contains("taken by another process"),
+        "{}",
+        o.stderr
+    );
+    assert!(o.stderr.contains("RVERBS_ADDR"), "{}", o.stderr);
+}
+
+fn disassoc(env: Option<&str>, expect: &str) {
+    let mut cmd = child_cmd("disassociate", &[expect]);
+    if let Some(v) = env {
+        cmd.env("RDMAV_ALLOW_DISASSOC_DESTROY", v);
+    }
+    let o = run(cmd);
+    assert!(o.ok, "child failed:\n{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.stdout.trim(), format!("disassociated: {expect}"));
+}
+
+fn disassoc_unset() {
+    disassoc(None, "eio");
+}
+
+fn disassoc_set() {
+    disassoc(Some("1"), "allowed");
+}
+
+fn disassoc_zero() {
+    // "0" means not set.
+    disassoc(Some("0"), "eio");
+}
+
+// ---- children ----
+
+fn child(mode: &str, args: &[String]) {
+    match mode {
+        "show" | "hold" => match devices() {
+            Ok(list) => {
+                for d in &list {
+                    println!("{} {} {} {:016x}", d.name(), d.addr(), d.gid(), d.guid());
+                }
+                std::io::stdout().flush().unwrap();
+                if mode == "hold" {
+                    // Keep the device (and its address) until the parent closes stdin.
+                    let mut sink = String::new();
+                    let _ = std::io::stdin().read_line(&mut sink);
+                }
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        },
+        "disassociate" => child_disassociate(args.first().map(String::as_str) == Some("allowed")),
+        other => panic!("unknown child mode {other:?}"),
+    }
+}
+
+fn child_disassociate(allowed: bool) {
+    assert_eq!(rverbs::soft::device::allow_disassoc_destroy(), allowed);
+    let dev = devices().unwrap().remove(0);
+    let ctx = dev.open().unwrap();
+    let ch = std::sync::Arc::new(ctx.create_comp_channel().unwrap());
+    let cq = ctx.cq_builder().cqe(8).channel(&ch).build().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let blocked = {
+        let ch = ch.clone();
+        std::thread::spawn(move || ch.get_cq_event().map(|_| ()))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+
+    dev.disassociate();
+
+    // The blocked reader wakes with EIO.
+    assert_eq!(blocked.join().unwrap().unwrap_err().kind(), ErrorKind::Io);
+    // IBV_EVENT_DEVICE_FATAL is delivered, then the async fd reports EIO.
+    let ev = ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type(), AsyncEventType::DeviceFatal);
+    assert_eq!(ev.element(), AsyncEventElement::Device);
+    drop(ev);
+    assert_eq!(ctx.get_async_event().unwrap_err().kind(), ErrorKind::Io);
+    // Later verbs fail with EIO.
+    assert_eq!(ctx.query_device().unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(ctx.query_port(1).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(ctx.alloc_pd().unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(ctx.create_cq(4).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(ctx.create_comp_channel().unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(
+        pd.reg_mr(vec![0u8; 8], AccessFlags::empty())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Io
+    );
+    assert_eq!(cq.req_notify(false).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(cq.resize(4).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(ch.get_cq_event().unwrap_err().kind(), ErrorKind::Io);
+    // The device is gone from the list and cannot be opened.
+    assert!(devices().unwrap().iter().all(|d| d != &dev));
+    assert_eq!(dev.open().unwrap_err().kind(), ErrorKind::NoDevice);
+    // Memory the MR owns is still the program's.
+    mr.write_at(0, b"mine").unwrap();
+
+    let ch = std::sync::Arc::try_unwrap(ch).unwrap();
+    if allowed {
+        // Destroy verbs succeed, in any order, skipping the EBUSY checks.
+        ch.destroy().unwrap();
+        cq.destroy().unwrap();
+        pd.dealloc().unwrap();
+        assert_eq!(mr.dereg().unwrap().unwrap()[..4], *b"mine");
+        assert_eq!(ctx.resources().total(), 0);
+    } else {
+        let e = ch.destroy().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(
+            e.error().message().contains("RDMAV_ALLOW_DISASSOC_DESTROY"),
+            "{e}"
+        );
+        let ch = e.into_inner();
+        let cq = cq.destroy().unwrap_err().into_inner();
+        let pd = pd.dealloc().unwrap_err().into_inner();
+        let mr = mr.dereg().unwrap_err().into_inner();
+        assert_eq!(ctx.resources().total(), 4, "nothing was destroyed");
+        // Dropping still releases everything safely.
+        drop((mr, pd, cq, ch));
+        assert_eq!(ctx.resources().total(), 0);
+    }
+    ctx.close().unwrap();
+    // Read once per process: changing the variable now changes nothing.
+    if allowed {
+        std::env::remove_var("RDMAV_ALLOW_DISASSOC_DESTROY");
+    } else {
+        std::env::set_var("RDMAV_ALLOW_DISASSOC_DESTROY", "1");
+    }
+    assert_eq!(rverbs::soft::device::allow_disassoc_destroy(), allowed);
+    println!("disassociated: {}", if allowed { "allowed" } else { "eio" });
+}

@@ -315,7 +315,7 @@ mod tests {
     }
 
     fn take_event(ch: &ChannelCore) -> Option<Arc<CqCore>> {
-        ch.queue.pop_with(Wait::NoWait, |w| w.upgrade()).unwrap()
+        ch.queue.pop_with(Wait::Poll, |w| w.upgrade()).unwrap()
     }
 
     #[test]
@@ -344,7 +344,7 @@ mod tests {
         assert!(cq.overrun());
         let events: Vec<_> = std::iter::from_fn(|| {
             ctx.async_events
-                .pop_with(Wait::NoWait, |e| Some(e.event_type))
+                .pop_with(Wait::Poll, |e| Some(e.event_type))
                 .unwrap()
         })
         .collect();

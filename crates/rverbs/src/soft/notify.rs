@@ -33,7 +33,7 @@ pub(crate) enum Wait {
     /// Wait at most this long.
     Timeout(Duration),
     /// Do not wait.
-    NoWait,
+    Poll,
 }
 
 /// Why a read returned no event.
@@ -180,14 +180,14 @@ impl<T> EventQueue<T> {
         loop {
             let flags = match wait {
                 Wait::Block => MsgFlags::empty(),
-                Wait::Timeout(_) | Wait::NoWait => MsgFlags::MSG_DONTWAIT,
+                Wait::Timeout(_) | Wait::Poll => MsgFlags::MSG_DONTWAIT,
             };
             match recv(fd, &mut b, flags) {
                 Ok(_) => return Ok(true),
                 Err(Errno::EINTR) => continue,
                 Err(Errno::EAGAIN) => match (wait, deadline) {
                     (Wait::Block, _) => return Err(PopError::WouldBlock),
-                    (Wait::NoWait, _) => return Ok(false),
+                    (Wait::Poll, _) => return Ok(false),
                     (Wait::Timeout(_), Some(deadline)) => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         if left.is_zero() {
@@ -229,9 +229,9 @@ mod tests {
         assert!(readable(&q));
         assert_eq!(q.pop_with(Wait::Block, Some), Ok(Some(1)));
         assert!(readable(&q));
-        assert_eq!(q.pop_with(Wait::NoWait, Some), Ok(Some(2)));
+        assert_eq!(q.pop_with(Wait::Poll, Some), Ok(Some(2)));
         assert!(!readable(&q));
-        assert_eq!(q.pop_with(Wait::NoWait, Some), Ok(None));
+        assert_eq!(q.pop_with(Wait::Poll, Some), Ok(None));
     }
 
     #[test]
@@ -269,7 +269,7 @@ mod tests {
         q.push(3);
         // accept rejects odd numbers: 1 is skipped, 2 delivered.
         assert_eq!(
-            q.pop_with(Wait::NoWait, |v| (v % 2 == 0).then_some(v)),
+            q.pop_with(Wait::Poll, |v| (v % 2 == 0).then_some(v)),
             Ok(Some(2))
         );
         q.retain(|&v| v != 3);
@@ -296,7 +296,7 @@ mod tests {
             vec![Err(PopError::Closed), Err(PopError::Closed), Ok(Some(5))]
         );
         assert!(readable(&q), "a closed queue stays readable");
-        assert_eq!(q.pop_with(Wait::NoWait, Some), Err(PopError::Closed));
+        assert_eq!(q.pop_with(Wait::Poll, Some), Err(PopError::Closed));
     }
 
     #[test]

@@ -97,7 +97,7 @@ impl CompletionChannel {
 
     /// The next completion event if one is pending, without waiting.
     pub fn try_get_cq_event(&self) -> Result<Option<CqEvent>> {
-        self.pop(Wait::NoWait)
+        self.pop(Wait::Poll)
     }
 
     /// Destroys the channel (`ibv_destroy_comp_channel`). Fails with EBUSY

@@ -161,7 +161,7 @@ impl Context {
 
     /// The next async event if one is pending, without waiting.
     pub fn try_get_async_event(&self) -> Result<Option<AsyncEvent>> {
-        pop_async(&self.core, Wait::NoWait)
+        pop_async(&self.core, Wait::Poll)
     }
 
     /// How many objects of each kind made through this context are alive.

@@ -8,3 +8,6 @@ pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod mr;
 pub(crate) mod pd;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+//! The `rverbs` command as a user runs it.
+
+use std::process::Command;
+
+fn rverbs(args: &[&str], addr: Option<&str>) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rverbs"));
+    cmd.args(args)
+        .env_remove("RVERBS_CONFIG")
+        .env_remove("RVERBS_ADDR");
+    if let Some(a) = addr {
+        cmd.env("RVERBS_ADDR", a);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn field<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.trim_start().strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .trim()
+}
+
+#[test]
+fn devinfo_prints_the_fields_ibv_devinfo_prints() {
+    let (ok, out, err) = rverbs(&["devinfo"], Some("127.0.0.55"));
+    assert!(ok, "{err}");
+    assert!(out.starts_with("hca_id:\trverbs0\n"), "{out}");
+    assert_eq!(field(&out, "transport"), "InfiniBand (0)");
+    assert_eq!(field(&out, "node_guid"), "5256:45ff:7f00:0037");
+    assert_eq!(field(&out, "sys_image_guid"), "5256:45ff:7f00:0037");
+    assert_eq!(field(&out, "vendor_id"), "0x525645");
+    assert_eq!(field(&out, "phys_port_cnt"), "1");
+    assert!(out.contains("\t\tport:\t1\n"), "{out}");
+    assert_eq!(field(&out, "state"), "PORT_ACTIVE (4)");
+    assert_eq!(field(&out, "max_mtu"), "4096 (5)");
+    assert_eq!(field(&out, "active_mtu"), "4096 (5)");
+    assert_eq!(field(&out, "port_lid"), "0");
+    assert_eq!(field(&out, "link_layer"), "Ethernet");
+    assert_eq!(
+        field(&out, "endpoint (rverbs)"),
+        "127.0.0.55:4791 UDP on lo"
+    );
+    assert!(!out.contains("max_qp:"), "not verbose");
+}
+
+#[test]
+fn devinfo_verbose_adds_limits_port_details_and_gids() {
+    let (ok, out, err) = rverbs(&["devinfo", "-v"], Some("127.0.0.56"));
+    assert!(ok, "{err}");
+    for name in [
+        "max_qp",
+        "max_qp_wr",
+        "max_cqe",
+        "max_mr",
+        "max_pd",
+        "max_qp_rd_atom",
+        "num_comp_vectors",
+    ] {
+        let v: u64 = field(&out, name).parse().unwrap();
+        assert!(v > 0, "{name}");
+    }
+    assert_eq!(field(&out, "atomic_cap"), "ATOMIC_HCA (1)");
+    assert_eq!(field(&out, "phys_state"), "LINK_UP (5)");
+    assert_eq!(field(&out, "gid_tbl_len"), "1");
+    assert_eq!(field(&out, "pkey_tbl_len"), "1");
+    assert!(
+        out.contains("\t\t\tGID[  0]:\t\t::ffff:127.0.0.56, RoCE v2\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn devinfo_list_device_and_port_options() {
+    let (ok, out, _) = rverbs(&["devinfo", "-l"], Some("127.0.0.57"));
+    assert!(ok);
+    assert_eq!(out, "1 HCA found:\n\trverbs0\n\n");
+
+    let (ok, out, _) = rverbs(&["devinfo", "-d", "rverbs0", "-i", "1"], Some("127.0.0.57"));
+    assert!(ok);
+    assert!(out.contains("hca_id:\trverbs0"));
+
+    let (ok, _, err) = rverbs(&["devinfo", "-d", "mlx5_0"], Some("127.0.0.57"));
+    assert!(!ok);
+    assert!(err.contains("IB device 'mlx5_0' wasn't found"), "{err}");
+
+    let (ok, _, err) = rverbs(&["devinfo", "-i", "2"], Some("127.0.0.57"));
+    assert!(!ok);
+    assert!(err.contains("Invalid port requested"), "{err}");
+
+    let (ok, _, _) = rverbs(&["devinfo", "-i", "0"], Some("127.0.0.57"));
+    assert!(!ok, "port 0 is refused by the parser");
+}
+
+#[test]
+fn two_configured_devices_are_both_listed() {
+    let (ok, out, err) = rverbs(&["devices"], Some("127.0.0.58,lab=127.0.0.59"));
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "    device          \t   node GUID\n    ------          \t----------------\n    \
+         rverbs0         \t525645ff7f00003a\n    lab             \t525645ff7f00003b\n"
+    );
+}
+
+#[test]
+fn default_device_is_on_loopback() {
+    let (ok, out, err) = rverbs(&["devinfo"], None);
+    assert!(ok, "{err}");
+    assert!(
+        field(&out, "endpoint (rverbs)").starts_with("127.0.0."),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error_not_a_panic() {
+    let (ok, out, err) = rverbs(&["devinfo"], Some("127.0.0.1:99"));
+    assert!(!ok);
+    assert!(out.is_empty());
+    assert!(
+        err.starts_with("rverbs: Failed to get IB devices list: "),
+        "{err}"
+    );
+    assert!(err.contains("RVERBS_ADDR=\"127.0.0.1:99\""), "{err}");
+    assert!(err.contains("port is always 4791"), "{err}");
+    assert!(!err.contains("panicked"));
+}
