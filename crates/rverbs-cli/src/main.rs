@@ -1,6 +1,6 @@
 //! `rverbs`: the command-line face of rverbs — list and inspect the software
-//! RoCE devices (more subcommands arrive with the transport, the C ABI and
-//! the wire format).
+//! RoCE devices, decode captures (bench, pingpong and run arrive with the
+//! transport and the C ABI).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -23,6 +23,8 @@ enum Command {
     Devices,
     /// Print device and port attributes (like ibv_devinfo).
     Devinfo(cmd::devinfo::DevinfoArgs),
+    /// Print the RoCEv2 packets of a pcap/pcapng capture and check their ICRCs.
+    Decode(cmd::decode::DecodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,10 +34,28 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices => cmd::devinfo::devices(&mut out),
         Command::Devinfo(args) => cmd::devinfo::devinfo(&args, &mut out),
+        Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
+            let _ = out.flush();
+            eprintln!(
+                "{} frames: {} RoCE packets, {} with a bad ICRC, {} malformed or truncated, {} other frames skipped",
+                s.frames, s.roce, s.bad_icrc, s.malformed, s.skipped
+            );
+            if args.strict && s.failures() > 0 {
+                anyhow::bail!("--strict: {} RoCE packets failed their checks", s.failures());
+            }
+            Ok(())
+        }),
     };
     let _ = out.flush();
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A reader that went away (`rverbs decode x | head`) is not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("rverbs: {e:#}");
             ExitCode::FAILURE

@@ -1,13 +1,47 @@
-//! RoCEv2 on the wire, as plain data: no I/O, no `unsafe`, no allocation on
-//! the parse path.
+//! RoCEv2 on the wire, as plain data: no I/O, no `unsafe`.
 //!
 //! This crate owns everything about the bytes rverbs puts on the network and
-//! accepts from it. Today it holds the 24-bit packet sequence number
-//! arithmetic ([`Psn`]) the transport is built on; the header views, the
-//! opcode table and the ICRC come with the wire-format issue.
+//! accepts from it:
+//! - zero-copy header views with getters and setters and checked
+//!   constructors ([`Bth`], [`Reth`], [`Aeth`], [`AtomicEth`],
+//!   [`AtomicAckEth`], [`ImmDt`], [`Ieth`], [`Deth`], [`Grh`]), each with a
+//!   plain `…Repr` struct that parses from and emits into a view;
+//! - the opcode table for RC, UC and UD, written once as data ([`Opcode`],
+//!   [`OpcodeInfo`]);
+//! - whole-packet parsing and emitting, checked against that table
+//!   ([`PacketRepr`]);
+//! - the invariant CRC over the IP/UDP pseudo-header ([`icrc`]);
+//! - 24-bit PSN arithmetic ([`Psn`]).
+//!
+//! Parsing never panics, whatever the bytes: a malformed packet is an
+//! [`Error`]. The shape follows smoltcp's `wire` module.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod psn;
+mod macros;
 
+pub mod aeth;
+pub mod atomic;
+pub mod bth;
+mod bytes;
+pub mod deth;
+mod error;
+pub mod grh;
+pub mod icrc;
+pub mod imm;
+pub mod opcode;
+pub mod packet;
+mod psn;
+pub mod reth;
+
+pub use aeth::{Aeth, AethRepr, NakCode, RnrTimer, Syndrome};
+pub use atomic::{AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr};
+pub use bth::{Bth, BthRepr};
+pub use deth::{Deth, DethRepr};
+pub use error::{Error, Result};
+pub use grh::{Grh, GrhRepr};
+pub use imm::{Ieth, IethRepr, ImmDt, ImmDtRepr};
+pub use opcode::{Headers, Opcode, OpcodeInfo, Operation, Position, Transport};
+pub use packet::{icrc_field, PacketRepr};
 pub use psn::Psn;
+pub use reth::{Reth, RethRepr};

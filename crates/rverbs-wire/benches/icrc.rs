@@ -1,0 +1,70 @@
+//! ICRC throughput for full 4 KiB-payload packets (an RDMA WRITE middle
+//! packet at path MTU 4096), plus parsing and emitting the same packet.
+//! Run with `cargo bench -p rverbs-wire`; criterion prints GB/s.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rverbs_wire::icrc::{self, Ipv4Header, ROCE_V2_PORT};
+use rverbs_wire::{BthRepr, Opcode, PacketRepr, Psn};
+
+fn packet() -> (Vec<u8>, [u8; 20], [u8; 8]) {
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 7) as u8).collect();
+    let p = PacketRepr {
+        bth: BthRepr {
+            opcode: Opcode::RC_RDMA_WRITE_MIDDLE,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: 0x12,
+            ack_req: false,
+            psn: Psn::new(1000),
+        },
+        deth: None,
+        reth: None,
+        atomic_eth: None,
+        aeth: None,
+        atomic_ack_eth: None,
+        imm_dt: None,
+        ieth: None,
+        payload: &payload,
+    };
+    let mut buf = vec![0u8; p.buffer_len()];
+    p.emit(&mut buf).unwrap();
+    let udp_len = (buf.len() + 8) as u16;
+    let ip = Ipv4Header {
+        src: Ipv4Addr::new(127, 0, 0, 1),
+        dst: Ipv4Addr::new(127, 0, 0, 2),
+        id: 0,
+        dont_fragment: true,
+        tos: 0,
+        ttl: 64,
+    }
+    .to_bytes(udp_len);
+    (buf, ip, icrc::udp_header(49152, ROCE_V2_PORT, udp_len))
+}
+
+fn bench(c: &mut Criterion) {
+    let (mut buf, ip, udp) = packet();
+    let mut g = c.benchmark_group("4KiB packet");
+    g.throughput(Throughput::Bytes(buf.len() as u64));
+    g.bench_function("icrc compute", |b| {
+        let body = buf.len() - 4;
+        b.iter(|| icrc::compute(black_box(&ip), black_box(&udp), black_box(&buf[..body])))
+    });
+    g.bench_function("icrc fill", |b| {
+        b.iter(|| icrc::fill(black_box(&ip), black_box(&udp), black_box(&mut buf)))
+    });
+    g.bench_function("parse", |b| {
+        b.iter(|| PacketRepr::parse(black_box(&buf)).map(|p| p.payload.len()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
