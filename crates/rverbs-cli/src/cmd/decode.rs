@@ -149,14 +149,14 @@ fn read_pcapng(
             // pcap-file stores the raw 64-bit timestamp as nanoseconds.
             Block::EnhancedPacket(p) => (
                 p.interface_id,
-                Some(p.timestamp.as_nanos()),
+                Some(u64::try_from(p.timestamp.as_nanos()).unwrap_or(u64::MAX)),
                 &p.data,
                 p.original_len,
             ),
             Block::SimplePacket(p) => (0, None, &p.data, p.original_len),
             Block::Packet(p) => (
                 u32::from(p.interface_id),
-                Some(u128::from(p.timestamp)),
+                Some(p.timestamp),
                 &p.data,
                 p.original_len,
             ),
@@ -180,7 +180,9 @@ fn read_pcapng(
 
 /// A pcapng timestamp in units of `if_tsresol` (10^-n s, or 2^-n s with the
 /// top bit set) as a duration since the epoch.
-fn timestamp(units: u128, resol: u8) -> Duration {
+fn timestamp(units: u64, resol: u8) -> Duration {
+    // u64 units times 10^9 fits in u128, so nothing below can overflow.
+    let units = u128::from(units);
     let n = u32::from(resol & 0x7f);
     let nanos = if resol & 0x80 != 0 {
         (units * 1_000_000_000).checked_shr(n).unwrap_or(0)
@@ -426,7 +428,9 @@ mod tests {
         assert_eq!(timestamp(15, 1), Duration::from_millis(1500));
         assert_eq!(timestamp(3 << 10, 0x80 | 10), Duration::from_secs(3));
         assert_eq!(timestamp(1, 12), Duration::ZERO);
-        assert_eq!(timestamp(u128::MAX / 2, 0), Duration::from_nanos(u64::MAX));
+        assert_eq!(timestamp(u64::MAX, 0), Duration::from_nanos(u64::MAX));
+        assert_eq!(timestamp(u64::MAX, 0x80 | 127), Duration::ZERO);
+        assert_eq!(timestamp(u64::MAX, 127), Duration::ZERO);
     }
 
     #[test]
