@@ -288,7 +288,9 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
     for (iface, link) in [("lo", "EN10MB"), ("any", "LINUX_SLL2")] {
         let file = dir.join(format!("{iface}.pcap"));
         let mut tcpdump = Command::new("tcpdump")
-            .args(["-i", iface, "-y", link, "-U", "-n", "-w"])
+            // Immediate mode: without it libpcap hands packets over in ring
+            // blocks (up to a second late), and the interrupt below loses them.
+            .args(["-i", iface, "-y", link, "--immediate-mode", "-U", "-n", "-w"])
             .arg(&file)
             .args(["udp", "dst", "port", "4791", "and", "host", "127.0.0.1"])
             .stdout(Stdio::null())
@@ -315,7 +317,14 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
             "{}",
             String::from_utf8_lossy(&sent.stderr)
         );
-        std::thread::sleep(Duration::from_millis(300));
+        // Wait (at most 10 s) until tcpdump has written all 20 packets.
+        for _ in 0..100 {
+            let so_far = String::from_utf8(decode(&file, false).stdout).unwrap();
+            if so_far.lines().count() >= 20 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         nix_kill(tcpdump.id());
         tcpdump.wait().unwrap();
 
