@@ -2,7 +2,8 @@
 """Writes the captures tests/decode.rs feeds to `rverbs decode`, with scapy.
 
     make_captures.py DIR          write the captures
-    make_captures.py send COUNT   send RoCE packets to 127.0.0.1:4791 two ways
+    make_captures.py send COUNT QP
+                                  send RoCE packets to QPs QP, QP+1, … at 127.0.0.1:4791
 
 The same frames go into one capture per link type (Ethernet, Linux SLL, SLL2,
 BSD loopback, raw IP) as pcap, and Ethernet as pcapng too. DIR/expected.txt
@@ -114,7 +115,7 @@ def main(outdir):
         f.write(good)
 
 
-def send(count):
+def send(count, qp):
     """Sends RoCE packets on lo: half through a raw socket with scapy's own IP
     headers (IDs counting from 1000), half through an ordinary unconnected
     UDP socket with DF set, where Linux writes IP ID 0 — so the ICRC is
@@ -127,7 +128,7 @@ def send(count):
     sock.bind(("127.0.0.1", 0))
     sport = sock.getsockname()[1]
     for k in range(count):
-        bth = BTH(opcode=0x04, dqpn=0x100 + k, psn=k, ackreq=1) / Raw(b"rverbs-%05d" % k)  # 12 bytes: no pad
+        bth = BTH(opcode=0x04, dqpn=qp + k, psn=k, ackreq=1) / Raw(b"rverbs-%05d" % k)  # 12 bytes: no pad
         if k % 2 == 0:
             scapy_send(IP(src="127.0.0.1", dst="127.0.0.1", id=1000 + k) /
                        UDP(sport=40000, dport=4791, chksum=0) / bth, iface="lo", verbose=False)
@@ -139,6 +140,6 @@ def send(count):
 
 if __name__ == "__main__":
     if sys.argv[1] == "send":
-        send(int(sys.argv[2]))
+        send(int(sys.argv[2]), int(sys.argv[3], 0))
     else:
         main(sys.argv[1])
