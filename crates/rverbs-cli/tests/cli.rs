@@ -18,6 +18,22 @@ fn rverbs(args: &[&str], addr: Option<&str>) -> (bool, String, String) {
     )
 }
 
+/// Loopback address `n` of this test run: 127.X.Y.n with X.Y from the
+/// process id, so concurrent runs do not compete for addresses.
+fn addr(n: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{n}", 1 + (pid >> 8) % 250, pid % 256)
+}
+
+/// The node GUID rverbs derives from an IPv4 address, as ibv_devinfo prints it.
+fn guid_of(ip: &str) -> String {
+    let o: Vec<u8> = ip.split('.').map(|x| x.parse().unwrap()).collect();
+    format!(
+        "5256:45ff:{:02x}{:02x}:{:02x}{:02x}",
+        o[0], o[1], o[2], o[3]
+    )
+}
+
 fn field<'a>(text: &'a str, name: &str) -> &'a str {
     text.lines()
         .find_map(|l| l.trim_start().strip_prefix(&format!("{name}:")))
@@ -27,12 +43,13 @@ fn field<'a>(text: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn devinfo_prints_the_fields_ibv_devinfo_prints() {
-    let (ok, out, err) = rverbs(&["devinfo"], Some("127.0.0.55"));
+    let ip = addr(55);
+    let (ok, out, err) = rverbs(&["devinfo"], Some(&ip));
     assert!(ok, "{err}");
     assert!(out.starts_with("hca_id:\trverbs0\n"), "{out}");
     assert_eq!(field(&out, "transport"), "InfiniBand (0)");
-    assert_eq!(field(&out, "node_guid"), "5256:45ff:7f00:0037");
-    assert_eq!(field(&out, "sys_image_guid"), "5256:45ff:7f00:0037");
+    assert_eq!(field(&out, "node_guid"), guid_of(&ip));
+    assert_eq!(field(&out, "sys_image_guid"), guid_of(&ip));
     assert_eq!(field(&out, "vendor_id"), "0x525645");
     assert_eq!(field(&out, "phys_port_cnt"), "1");
     assert!(out.contains("\t\tport:\t1\n"), "{out}");
@@ -43,14 +60,15 @@ fn devinfo_prints_the_fields_ibv_devinfo_prints() {
     assert_eq!(field(&out, "link_layer"), "Ethernet");
     assert_eq!(
         field(&out, "endpoint (rverbs)"),
-        "127.0.0.55:4791 UDP on lo"
+        format!("{ip}:4791 UDP on lo")
     );
     assert!(!out.contains("max_qp:"), "not verbose");
 }
 
 #[test]
 fn devinfo_verbose_adds_limits_port_details_and_gids() {
-    let (ok, out, err) = rverbs(&["devinfo", "-v"], Some("127.0.0.56"));
+    let ip = addr(56);
+    let (ok, out, err) = rverbs(&["devinfo", "-v"], Some(&ip));
     assert!(ok, "{err}");
     for name in [
         "max_qp",
@@ -69,41 +87,47 @@ fn devinfo_verbose_adds_limits_port_details_and_gids() {
     assert_eq!(field(&out, "gid_tbl_len"), "1");
     assert_eq!(field(&out, "pkey_tbl_len"), "1");
     assert!(
-        out.contains("\t\t\tGID[  0]:\t\t::ffff:127.0.0.56, RoCE v2\n"),
+        out.contains(&format!("\t\t\tGID[  0]:\t\t::ffff:{ip}, RoCE v2\n")),
         "{out}"
     );
 }
 
 #[test]
 fn devinfo_list_device_and_port_options() {
-    let (ok, out, _) = rverbs(&["devinfo", "-l"], Some("127.0.0.57"));
+    let (ok, out, _) = rverbs(&["devinfo", "-l"], Some(&addr(57)));
     assert!(ok);
     assert_eq!(out, "1 HCA found:\n\trverbs0\n\n");
 
-    let (ok, out, _) = rverbs(&["devinfo", "-d", "rverbs0", "-i", "1"], Some("127.0.0.57"));
+    let (ok, out, _) = rverbs(&["devinfo", "-d", "rverbs0", "-i", "1"], Some(&addr(57)));
     assert!(ok);
     assert!(out.contains("hca_id:\trverbs0"));
 
-    let (ok, _, err) = rverbs(&["devinfo", "-d", "mlx5_0"], Some("127.0.0.57"));
+    let (ok, _, err) = rverbs(&["devinfo", "-d", "mlx5_0"], Some(&addr(57)));
     assert!(!ok);
     assert!(err.contains("IB device 'mlx5_0' wasn't found"), "{err}");
 
-    let (ok, _, err) = rverbs(&["devinfo", "-i", "2"], Some("127.0.0.57"));
+    let (ok, _, err) = rverbs(&["devinfo", "-i", "2"], Some(&addr(57)));
     assert!(!ok);
     assert!(err.contains("Invalid port requested"), "{err}");
 
-    let (ok, _, _) = rverbs(&["devinfo", "-i", "0"], Some("127.0.0.57"));
+    let (ok, _, _) = rverbs(&["devinfo", "-i", "0"], Some(&addr(57)));
     assert!(!ok, "port 0 is refused by the parser");
 }
 
 #[test]
 fn two_configured_devices_are_both_listed() {
-    let (ok, out, err) = rverbs(&["devices"], Some("127.0.0.58,lab=127.0.0.59"));
+    let (a, b) = (addr(58), addr(59));
+    let (ok, out, err) = rverbs(&["devices"], Some(&format!("{a},lab={b}")));
     assert!(ok, "{err}");
+    let hex = |ip: &str| guid_of(ip).replace(':', "");
     assert_eq!(
         out,
-        "    device          \t   node GUID\n    ------          \t----------------\n    \
-         rverbs0         \t525645ff7f00003a\n    lab             \t525645ff7f00003b\n"
+        format!(
+            "    device          \t   node GUID\n    ------          \t----------------\n    \
+             rverbs0         \t{}\n    lab             \t{}\n",
+            hex(&a),
+            hex(&b)
+        )
     );
 }
 

@@ -289,9 +289,7 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
     let qp_base = (std::process::id() & 0xffff) << 8;
     let ours = |text: &str| -> Vec<String> {
         text.lines()
-            .filter(|l| {
-                (0..20).any(|k| l.contains(&format!(" qp {:#08x} psn {k} ", qp_base + k)))
-            })
+            .filter(|l| (0..20).any(|k| l.contains(&format!(" qp {:#08x} psn {k} ", qp_base + k))))
             .map(str::to_string)
             .collect()
     };
@@ -300,7 +298,16 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
         let mut tcpdump = Command::new("tcpdump")
             // Immediate mode: without it libpcap hands packets over in ring
             // blocks (up to a second late), and the interrupt below loses them.
-            .args(["-i", iface, "-y", link, "--immediate-mode", "-U", "-n", "-w"])
+            .args([
+                "-i",
+                iface,
+                "-y",
+                link,
+                "--immediate-mode",
+                "-U",
+                "-n",
+                "-w",
+            ])
             .arg(&file)
             .args(["udp", "dst", "port", "4791", "and", "host", "127.0.0.1"])
             .stdout(Stdio::null())

@@ -56,6 +56,13 @@ fn main() {
     }
 }
 
+/// Loopback address `n` of this test run: 127.X.Y.n with X.Y from the
+/// process id, so concurrent runs do not compete for addresses.
+fn addr(n: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{n}", 1 + (pid >> 8) % 250, pid % 256)
+}
+
 /// A child of this binary in `mode`, with a clean rverbs environment.
 fn child_cmd(mode: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -123,13 +130,16 @@ fn own_addresses() {
 }
 
 fn addr_env_sets_address() {
+    let ip = addr(77);
     let mut cmd = child_cmd("show", &[]);
-    cmd.env("RVERBS_ADDR", "127.0.0.77");
+    cmd.env("RVERBS_ADDR", &ip);
     let o = run(cmd);
     assert!(o.ok, "{}", o.stderr);
+    let v4: std::net::Ipv4Addr = ip.parse().unwrap();
+    let guid = 0x5256_45ff_0000_0000u64 | u64::from(u32::from(v4));
     assert_eq!(
         o.stdout.trim(),
-        "rverbs0 127.0.0.77 ::ffff:127.0.0.77 525645ff7f00004d"
+        format!("rverbs0 {ip} ::ffff:{ip} {guid:016x}")
     );
 }
 
@@ -155,9 +165,10 @@ fn bad_addr_env() {
 
 fn config_file() {
     let path = std::env::temp_dir().join(format!("rverbs-proc-{}.toml", std::process::id()));
+    let ip = addr(81);
     std::fs::write(
         &path,
-        "[[device]]\nname = \"east\"\naddr = \"127.0.0.81\"\n\n[[device]]\naddr = \"auto\"\n",
+        format!("[[device]]\nname = \"east\"\naddr = \"{ip}\"\n\n[[device]]\naddr = \"auto\"\n"),
     )
     .unwrap();
     let mut cmd = child_cmd("show", &[]);
@@ -167,13 +178,14 @@ fn config_file() {
     assert!(o.ok, "{}", o.stderr);
     let lines: Vec<&str> = o.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{}", o.stdout);
-    assert!(lines[0].starts_with("east 127.0.0.81 "), "{}", o.stdout);
+    assert!(lines[0].starts_with(&format!("east {ip} ")), "{}", o.stdout);
     assert!(lines[1].starts_with("rverbs0 127.0.0."), "{}", o.stdout);
 }
 
 fn address_in_use() {
+    let ip = addr(91);
     let mut holder = child_cmd("hold", &[])
-        .env("RVERBS_ADDR", "127.0.0.91")
+        .env("RVERBS_ADDR", &ip)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -182,9 +194,9 @@ fn address_in_use() {
     BufReader::new(holder.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(line.contains("127.0.0.91"), "{line}");
+    assert!(line.contains(&ip), "{line}");
     let mut cmd = child_cmd("show", &[]);
-    cmd.env("RVERBS_ADDR", "127.0.0.91");
+    cmd.env("RVERBS_ADDR", &ip);
     let o = run(cmd);
     drop(holder.stdin.take());
     holder.wait().unwrap();
