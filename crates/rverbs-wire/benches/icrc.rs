@@ -12,27 +12,12 @@ use rverbs_wire::{BthRepr, Opcode, PacketRepr, Psn};
 fn packet() -> (Vec<u8>, [u8; 20], [u8; 8]) {
     let payload: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 7) as u8).collect();
     let p = PacketRepr {
-        bth: BthRepr {
-            opcode: Opcode::RC_RDMA_WRITE_MIDDLE,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
-            ack_req: false,
-            psn: Psn::new(1000),
-        },
-        deth: None,
-        reth: None,
-        atomic_eth: None,
-        aeth: None,
-        atomic_ack_eth: None,
-        imm_dt: None,
-        ieth: None,
         payload: &payload,
+        ..PacketRepr::new(BthRepr::new(
+            Opcode::RC_RDMA_WRITE_MIDDLE,
+            0x12,
+            Psn::new(1000),
+        ))
     };
     let mut buf = vec![0u8; p.buffer_len()];
     p.emit(&mut buf).unwrap();

@@ -185,6 +185,23 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
+    /// A BTH with the default P_Key (0xffff), version 0 and every flag clear.
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Reads a checked view.
     pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<BthRepr> {
         bth.check_len()?;
@@ -236,17 +253,8 @@ mod tests {
 
     fn repr() -> BthRepr {
         BthRepr {
-            opcode: Opcode::UC_SEND_ONLY,
             solicited: true,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: 211,
-            ack_req: false,
-            psn: Psn::new(13_571_856),
+            ..BthRepr::new(Opcode::UC_SEND_ONLY, 211, Psn::new(13_571_856))
         }
     }
 

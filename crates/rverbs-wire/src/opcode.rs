@@ -112,33 +112,28 @@ bitflags! {
 }
 
 impl Headers {
+    /// Every extension header with its length, in wire order.
+    pub const WIRE_ORDER: [(Headers, usize); 8] = [
+        (Headers::DETH, 8),
+        (Headers::RETH, 16),
+        (Headers::ATOMIC_ETH, 28),
+        (Headers::AETH, 4),
+        (Headers::ATOMIC_ACK_ETH, 8),
+        (Headers::IMM_DT, 4),
+        (Headers::IETH, 4),
+        (Headers::CNP_RESERVED, 16),
+    ];
+
     /// Total length of these extension headers.
     pub const fn byte_len(self) -> usize {
-        let b = self.bits();
         let mut n = 0;
-        if b & Headers::DETH.bits() != 0 {
-            n += 8;
-        }
-        if b & Headers::RETH.bits() != 0 {
-            n += 16;
-        }
-        if b & Headers::ATOMIC_ETH.bits() != 0 {
-            n += 28;
-        }
-        if b & Headers::AETH.bits() != 0 {
-            n += 4;
-        }
-        if b & Headers::ATOMIC_ACK_ETH.bits() != 0 {
-            n += 8;
-        }
-        if b & Headers::IMM_DT.bits() != 0 {
-            n += 4;
-        }
-        if b & Headers::IETH.bits() != 0 {
-            n += 4;
-        }
-        if b & Headers::CNP_RESERVED.bits() != 0 {
-            n += 16;
+        let mut i = 0;
+        while i < Self::WIRE_ORDER.len() {
+            let (flag, len) = Self::WIRE_ORDER[i];
+            if self.bits() & flag.bits() != 0 {
+                n += len;
+            }
+            i += 1;
         }
         n
     }

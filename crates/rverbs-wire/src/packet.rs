@@ -44,22 +44,6 @@ pub struct PacketRepr<'a> {
     pub payload: &'a [u8],
 }
 
-/// Reads the header `V` at `*at` and advances past it.
-fn take<'a, V, R>(
-    packet: &'a [u8],
-    at: &mut usize,
-    len: usize,
-    view: impl FnOnce(&'a [u8]) -> V,
-    parse: impl FnOnce(&V) -> Result<R>,
-) -> Result<R> {
-    let bytes = packet.get(*at..*at + len).ok_or(Error::Truncated {
-        needed: *at + len,
-        got: packet.len(),
-    })?;
-    *at += len;
-    parse(&view(bytes))
-}
-
 impl<'a> PacketRepr<'a> {
     /// The opcode's table entry (`None` for an unknown opcode).
     pub fn info(&self) -> Option<&'static OpcodeInfo> {
@@ -94,84 +78,32 @@ impl<'a> PacketRepr<'a> {
                 got: len,
             });
         }
-        let h = info.headers;
+        let mut repr = PacketRepr::new(bth);
         let mut at = BTH_LEN;
-        let mut repr = PacketRepr {
-            bth,
-            deth: None,
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack_eth: None,
-            imm_dt: None,
-            ieth: None,
-            payload: &[],
-        };
-        if h.contains(Headers::DETH) {
-            repr.deth = Some(take(
-                packet,
-                &mut at,
-                8,
-                Deth::new_unchecked,
-                DethRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::RETH) {
-            repr.reth = Some(take(
-                packet,
-                &mut at,
-                16,
-                Reth::new_unchecked,
-                RethRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::ATOMIC_ETH) {
-            repr.atomic_eth = Some(take(
-                packet,
-                &mut at,
-                28,
-                AtomicEth::new_unchecked,
-                AtomicEthRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::AETH) {
-            repr.aeth = Some(take(
-                packet,
-                &mut at,
-                4,
-                Aeth::new_unchecked,
-                AethRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::ATOMIC_ACK_ETH) {
-            repr.atomic_ack_eth = Some(take(
-                packet,
-                &mut at,
-                8,
-                AtomicAckEth::new_unchecked,
-                AtomicAckEthRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::IMM_DT) {
-            repr.imm_dt = Some(take(
-                packet,
-                &mut at,
-                4,
-                ImmDt::new_unchecked,
-                ImmDtRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::IETH) {
-            repr.ieth = Some(take(
-                packet,
-                &mut at,
-                4,
-                Ieth::new_unchecked,
-                IethRepr::parse,
-            )?);
-        }
-        if h.contains(Headers::CNP_RESERVED) {
-            at += 16;
+        for (flag, len) in Headers::WIRE_ORDER {
+            if !info.headers.contains(flag) {
+                continue;
+            }
+            let b = packet.get(at..at + len).ok_or(Error::Truncated {
+                needed: at + len + ICRC_LEN,
+                got: packet.len(),
+            })?;
+            at += len;
+            match flag {
+                Headers::DETH => repr.deth = Some(DethRepr::parse(&Deth::new_checked(b)?)?),
+                Headers::RETH => repr.reth = Some(RethRepr::parse(&Reth::new_checked(b)?)?),
+                Headers::ATOMIC_ETH => {
+                    repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_checked(b)?)?)
+                }
+                Headers::AETH => repr.aeth = Some(AethRepr::parse(&Aeth::new_checked(b)?)?),
+                Headers::ATOMIC_ACK_ETH => {
+                    repr.atomic_ack_eth =
+                        Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_checked(b)?)?)
+                }
+                Headers::IMM_DT => repr.imm_dt = Some(ImmDtRepr::parse(&ImmDt::new_checked(b)?)?),
+                Headers::IETH => repr.ieth = Some(IethRepr::parse(&Ieth::new_checked(b)?)?),
+                _ => {} // CNP_RESERVED: nothing to read
+            }
         }
         let body = without_icrc - at;
         let pad = usize::from(bth.pad_count);
@@ -192,24 +124,39 @@ impl<'a> PacketRepr<'a> {
         Ok(repr)
     }
 
+    /// A packet with no extension headers and no payload, to fill in.
+    pub const fn new(bth: BthRepr) -> PacketRepr<'static> {
+        PacketRepr {
+            bth,
+            deth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            imm_dt: None,
+            ieth: None,
+            payload: &[],
+        }
+    }
+
+    /// The extension headers this packet holds (CNP's reserved bytes count
+    /// as present for a CNP).
+    pub fn headers(&self) -> Headers {
+        let mut h = Headers::empty();
+        h.set(Headers::DETH, self.deth.is_some());
+        h.set(Headers::RETH, self.reth.is_some());
+        h.set(Headers::ATOMIC_ETH, self.atomic_eth.is_some());
+        h.set(Headers::AETH, self.aeth.is_some());
+        h.set(Headers::ATOMIC_ACK_ETH, self.atomic_ack_eth.is_some());
+        h.set(Headers::IMM_DT, self.imm_dt.is_some());
+        h.set(Headers::IETH, self.ieth.is_some());
+        h.set(Headers::CNP_RESERVED, self.bth.opcode == crate::Opcode::CNP);
+        h
+    }
+
     /// Length of BTH plus extension headers.
     pub fn header_len(&self) -> usize {
-        BTH_LEN
-            + self.deth.map_or(0, |h| h.buffer_len())
-            + self.reth.map_or(0, |h| h.buffer_len())
-            + self.atomic_eth.map_or(0, |h| h.buffer_len())
-            + self.aeth.map_or(0, |h| h.buffer_len())
-            + self.atomic_ack_eth.map_or(0, |h| h.buffer_len())
-            + self.imm_dt.map_or(0, |h| h.buffer_len())
-            + self.ieth.map_or(0, |h| h.buffer_len())
-            + if self
-                .info()
-                .is_some_and(|i| i.headers.contains(Headers::CNP_RESERVED))
-            {
-                16
-            } else {
-                0
-            }
+        BTH_LEN + self.headers().byte_len()
     }
 
     /// Pad bytes after the payload.
@@ -225,18 +172,7 @@ impl<'a> PacketRepr<'a> {
     /// Checks that the headers present are exactly those the opcode calls for.
     pub fn check_headers(&self) -> Result<()> {
         let info = self.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
-        let h = info.headers;
-        let present = [
-            (Headers::DETH, self.deth.is_some()),
-            (Headers::RETH, self.reth.is_some()),
-            (Headers::ATOMIC_ETH, self.atomic_eth.is_some()),
-            (Headers::AETH, self.aeth.is_some()),
-            (Headers::ATOMIC_ACK_ETH, self.atomic_ack_eth.is_some()),
-            (Headers::IMM_DT, self.imm_dt.is_some()),
-            (Headers::IETH, self.ieth.is_some()),
-        ];
-        let mismatch = present.iter().any(|&(flag, is)| h.contains(flag) != is);
-        if mismatch || (!info.has_payload && !self.payload.is_empty()) {
+        if self.headers() != info.headers || (!info.has_payload && !self.payload.is_empty()) {
             return Err(Error::UnexpectedPayload {
                 opcode: self.bth.opcode.0,
                 len: self.payload.len(),
@@ -261,39 +197,39 @@ impl<'a> PacketRepr<'a> {
         bth.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
         let mut at = BTH_LEN;
         let mut next = |len: usize| {
-            let range = at..at + len;
             at += len;
-            range
+            at - len..at
         };
         if let Some(h) = self.deth {
-            h.emit(&mut Deth::new_unchecked(&mut buf[next(8)]));
+            h.emit(&mut Deth::new_unchecked(&mut buf[next(h.buffer_len())]));
         }
         if let Some(h) = self.reth {
-            h.emit(&mut Reth::new_unchecked(&mut buf[next(16)]));
+            h.emit(&mut Reth::new_unchecked(&mut buf[next(h.buffer_len())]));
         }
         if let Some(h) = self.atomic_eth {
-            h.emit(&mut AtomicEth::new_unchecked(&mut buf[next(28)]));
+            h.emit(&mut AtomicEth::new_unchecked(
+                &mut buf[next(h.buffer_len())],
+            ));
         }
         if let Some(h) = self.aeth {
-            h.emit(&mut Aeth::new_unchecked(&mut buf[next(4)]));
+            h.emit(&mut Aeth::new_unchecked(&mut buf[next(h.buffer_len())]));
         }
         if let Some(h) = self.atomic_ack_eth {
-            h.emit(&mut AtomicAckEth::new_unchecked(&mut buf[next(8)]));
+            h.emit(&mut AtomicAckEth::new_unchecked(
+                &mut buf[next(h.buffer_len())],
+            ));
         }
         if let Some(h) = self.imm_dt {
-            h.emit(&mut ImmDt::new_unchecked(&mut buf[next(4)]));
+            h.emit(&mut ImmDt::new_unchecked(&mut buf[next(h.buffer_len())]));
         }
         if let Some(h) = self.ieth {
-            h.emit(&mut Ieth::new_unchecked(&mut buf[next(4)]));
+            h.emit(&mut Ieth::new_unchecked(&mut buf[next(h.buffer_len())]));
         }
-        if self
-            .info()
-            .is_some_and(|i| i.headers.contains(Headers::CNP_RESERVED))
-        {
-            buf[next(16)].fill(0);
-        }
-        buf[next(self.payload.len())].copy_from_slice(self.payload);
-        buf[next(self.pad_len() + ICRC_LEN)].fill(0);
+        let headers_end = self.header_len();
+        buf[at..headers_end].fill(0); // CNP's reserved bytes
+        let end = headers_end + self.payload.len();
+        buf[headers_end..end].copy_from_slice(self.payload);
+        buf[end..].fill(0); // pad and the ICRC's place
         Ok(total)
     }
 }
@@ -384,34 +320,11 @@ mod tests {
     use crate::aeth::{NakCode, Syndrome};
     use crate::{Opcode, Psn};
 
-    fn bth(op: Opcode) -> BthRepr {
-        BthRepr {
-            opcode: op,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x11,
-            ack_req: true,
-            psn: Psn::new(7),
-        }
-    }
-
     fn bare(op: Opcode) -> PacketRepr<'static> {
-        PacketRepr {
-            bth: bth(op),
-            deth: None,
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack_eth: None,
-            imm_dt: None,
-            ieth: None,
-            payload: &[],
-        }
+        PacketRepr::new(BthRepr {
+            ack_req: true,
+            ..BthRepr::new(op, 0x11, Psn::new(7))
+        })
     }
 
     #[test]
@@ -558,8 +471,10 @@ mod tests {
     fn cnp_has_sixteen_reserved_bytes() {
         let mut cnp = bare(Opcode::CNP);
         cnp.bth.becn = true;
-        let buf = emitted(&cnp);
+        let mut buf = vec![0xeeu8; cnp.buffer_len()];
+        cnp.emit(&mut buf).unwrap();
         assert_eq!(buf.len(), 12 + 16 + 4);
+        assert_eq!(buf[12..], [0u8; 20], "reserved bytes and ICRC place are zeroed");
         assert_eq!(PacketRepr::parse(&buf).unwrap(), cnp);
     }
 
