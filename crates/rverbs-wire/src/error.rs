@@ -40,6 +40,12 @@ pub enum Error {
         /// Bytes after the headers.
         len: usize,
     },
+    /// A packet to emit holds other extension headers than its opcode calls for.
+    #[error("opcode {opcode:#04x} needs other extension headers than the packet has")]
+    HeaderMismatch {
+        /// The opcode.
+        opcode: u8,
+    },
     /// An AETH syndrome with a reserved encoding.
     #[error("reserved AETH syndrome {0:#04x}")]
     ReservedSyndrome(u8),

@@ -10,8 +10,12 @@ use crate::{Error, Result};
 /// Length of the GRH.
 pub const GRH_LEN: usize = 40;
 
-/// The GRH's next-header value for an IBA transport header.
+/// The GRH's next-header value when an IBA transport header follows
+/// directly (InfiniBand and RoCE v1).
 pub const NEXT_HEADER_IBA: u8 = 0x1b;
+/// The next-header value in a RoCE v2 GRH: UDP. (For RoCE v2 over IPv4 a UD
+/// receive buffer holds the IPv4 header in bytes 20..40 instead of a GRH.)
+pub const NEXT_HEADER_UDP: u8 = 17;
 
 header_view! {
     /// A view of a GRH at the start of a buffer.

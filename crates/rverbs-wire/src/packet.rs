@@ -172,7 +172,12 @@ impl<'a> PacketRepr<'a> {
     /// Checks that the headers present are exactly those the opcode calls for.
     pub fn check_headers(&self) -> Result<()> {
         let info = self.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
-        if self.headers() != info.headers || (!info.has_payload && !self.payload.is_empty()) {
+        if self.headers() != info.headers {
+            return Err(Error::HeaderMismatch {
+                opcode: self.bth.opcode.0,
+            });
+        }
+        if !info.has_payload && !self.payload.is_empty() {
             return Err(Error::UnexpectedPayload {
                 opcode: self.bth.opcode.0,
                 len: self.payload.len(),
@@ -374,7 +379,10 @@ mod tests {
     #[test]
     fn emit_refuses_wrong_header_sets_and_short_buffers() {
         let p = bare(Opcode::RC_RDMA_WRITE_FIRST); // RETH missing
-        assert!(p.emit(&mut [0u8; 64]).is_err());
+        assert_eq!(
+            p.emit(&mut [0u8; 64]),
+            Err(Error::HeaderMismatch { opcode: 0x06 })
+        );
         let mut p = bare(Opcode::RC_ACKNOWLEDGE);
         p.aeth = Some(AethRepr {
             syndrome: Syndrome::Nak(NakCode::InvalidRequest),
@@ -474,7 +482,11 @@ mod tests {
         let mut buf = vec![0xeeu8; cnp.buffer_len()];
         cnp.emit(&mut buf).unwrap();
         assert_eq!(buf.len(), 12 + 16 + 4);
-        assert_eq!(buf[12..], [0u8; 20], "reserved bytes and ICRC place are zeroed");
+        assert_eq!(
+            buf[12..],
+            [0u8; 20],
+            "reserved bytes and ICRC place are zeroed"
+        );
         assert_eq!(PacketRepr::parse(&buf).unwrap(), cnp);
     }
 

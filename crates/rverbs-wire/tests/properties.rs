@@ -130,6 +130,23 @@ proptest! {
     }
 
     #[test]
+    fn parsing_plausible_garbage_never_panics(
+        op in proptest::sample::select(Opcode::all().collect::<Vec<_>>()),
+        flags in 0u8..0x10,
+        words in 3usize..40,
+        fill in any::<u64>(),
+    ) {
+        // A known opcode, TVer 0 and an aligned length get past the first
+        // checks, so the header and pad logic sees random contents.
+        let mut bytes: Vec<u8> = (0..words * 4 + 4).map(|i| (fill >> (i % 8 * 8)) as u8 ^ i as u8).collect();
+        bytes[0] = op.0;
+        bytes[1] = flags << 4;
+        if let Ok(p) = PacketRepr::parse(&bytes) {
+            prop_assert_eq!(p.header_len() + p.payload.len() + usize::from(p.bth.pad_count) + 4, bytes.len());
+        }
+    }
+
+    #[test]
     fn parsing_mutated_packets_never_panics(
         f in fields(),
         payload in proptest::collection::vec(any::<u8>(), 0..64),

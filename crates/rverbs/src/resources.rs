@@ -51,8 +51,9 @@ impl fmt::Display for ResourceKind {
 pub struct LiveResource {
     /// What it is.
     pub kind: ResourceKind,
-    /// Its handle (the `handle` field of the C struct).
-    pub handle: u32,
+    /// Its handle, unique on the device (the C struct's 32-bit `handle`
+    /// field holds its low bits).
+    pub handle: u64,
 }
 
 /// How many objects of each kind a context has alive.
@@ -134,11 +135,11 @@ pub(crate) struct ResourceLedger {
 }
 
 impl ResourceLedger {
-    pub(crate) fn add(&self, kind: ResourceKind, handle: u32) {
+    pub(crate) fn add(&self, kind: ResourceKind, handle: u64) {
         self.lock().insert(LiveResource { kind, handle });
     }
 
-    pub(crate) fn remove(&self, kind: ResourceKind, handle: u32) {
+    pub(crate) fn remove(&self, kind: ResourceKind, handle: u64) {
         self.lock().remove(&LiveResource { kind, handle });
     }
 

@@ -92,3 +92,27 @@ fn contexts_opened_and_closed_concurrently() {
         }
     });
 }
+
+#[test]
+fn owner_copies_never_see_a_half_written_range() {
+    let ctx = devices().unwrap()[0].open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.alloc_mr(64 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..2000u32 {
+                mr.write_at(0, &[(i % 2) as u8 * 0xff; 64 * 1024]).unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            mr.read_at(0, &mut buf).unwrap();
+            assert!(
+                buf.iter().all(|&b| b == buf[0]),
+                "a read saw two writes at once"
+            );
+        }
+    });
+}

@@ -276,6 +276,11 @@ fn refused_rereg_changes_nothing_and_returns_the_request() {
     );
     let e = mr.rereg(Rereg::new().memory(Vec::new())).unwrap_err();
     assert!(e.error().message().contains("length is 0"), "{e}");
+    // SAFETY: never dereferenced: the NULL pointer is refused.
+    let e = mr
+        .rereg(unsafe { Rereg::new().foreign_memory(std::ptr::null_mut(), 8) })
+        .unwrap_err();
+    assert!(e.error().message().contains("address is NULL"), "{e}");
 
     assert_eq!(mr.lkey(), key);
     assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE);

@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
@@ -355,16 +356,19 @@ fn check_one<'a>(ip: &[u8], udp: &[u8], roce: &'a [u8]) -> Verdict<'a> {
 
 /// Sizes a full RoCE packet can have: BTH and extension headers of any
 /// opcode that carries payload, a path MTU of payload, and the ICRC.
-fn segment_sizes() -> BTreeSet<usize> {
-    let headers: BTreeSet<usize> = Opcode::all()
-        .filter_map(|o| o.info())
-        .filter(|i| i.has_payload)
-        .map(|i| i.header_len())
-        .collect();
-    headers
-        .iter()
-        .flat_map(|h| [256, 512, 1024, 2048, 4096].map(|mtu| h + mtu + 4))
-        .collect()
+fn segment_sizes() -> &'static BTreeSet<usize> {
+    static SIZES: OnceLock<BTreeSet<usize>> = OnceLock::new();
+    SIZES.get_or_init(|| {
+        let headers: BTreeSet<usize> = Opcode::all()
+            .filter_map(|o| o.info())
+            .filter(|i| i.has_payload)
+            .map(|i| i.header_len())
+            .collect();
+        headers
+            .iter()
+            .flat_map(|h| [256, 512, 1024, 2048, 4096].map(|mtu| h + mtu + 4))
+            .collect()
+    })
 }
 
 /// Splits a UDP GSO batch into its RoCE packets: every segment but the last
@@ -378,7 +382,7 @@ fn split_gso<'a>(ip: &[u8], udp: &[u8], batch: &'a [u8]) -> Option<Vec<(PacketRe
     } else {
         0
     };
-    'sizes: for size in segment_sizes() {
+    'sizes: for &size in segment_sizes() {
         if batch.len() <= size {
             continue;
         }

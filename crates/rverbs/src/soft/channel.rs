@@ -13,7 +13,7 @@ use crate::soft::notify::EventQueue;
 
 /// One completion channel.
 pub(crate) struct ChannelCore {
-    pub(crate) handle: u32,
+    pub(crate) handle: u64,
     pub(crate) ctx: Arc<ContextCore>,
     /// CQs whose armed notification fired, oldest first.
     pub(crate) queue: EventQueue<Weak<CqCore>>,

@@ -110,11 +110,12 @@ pub enum ConfigError {
 /// The process's device configs — `RVERBS_ADDR`, else the config file, else
 /// one loopback device — and where they came from, for error messages.
 pub(crate) fn load() -> Result<(Vec<DeviceConfig>, String), ConfigError> {
-    load_from(|var| std::env::var_os(var))
+    load_from(|var| std::env::var_os(var), Path::new(DEFAULT_CONFIG_PATH))
 }
 
 fn load_from(
     getenv: impl Fn(&str) -> Option<std::ffi::OsString>,
+    default_path: &Path,
 ) -> Result<(Vec<DeviceConfig>, String), ConfigError> {
     if let Some(raw) = getenv(ADDR_ENV) {
         let value = raw.into_string().map_err(|raw| ConfigError::Env {
@@ -139,10 +140,7 @@ fn load_from(
             })
         }
         Some(p) => Some(PathBuf::from(p)),
-        None => {
-            let default = Path::new(DEFAULT_CONFIG_PATH);
-            default.exists().then(|| default.to_path_buf())
-        }
+        None => default_path.exists().then(|| default_path.to_path_buf()),
     };
     match path {
         Some(path) => {
@@ -340,22 +338,32 @@ mod tests {
         DeviceAddr::Ip(s.parse().unwrap())
     }
 
+    fn load(vars: &[(&str, &str)]) -> Result<(Vec<DeviceConfig>, String), ConfigError> {
+        load_from(env(vars), Path::new("/nonexistent/rverbs.toml"))
+    }
+
     #[test]
     fn default_is_one_loopback_device() {
-        // With no variables the default file path is consulted; on a machine
-        // without /etc/rverbs/rverbs.toml that means the loopback default.
-        if !Path::new(DEFAULT_CONFIG_PATH).exists() {
-            assert_eq!(
-                load_from(env(&[])).unwrap().0,
-                vec![DeviceConfig::loopback()]
-            );
-        }
+        let (got, origin) = load(&[]).unwrap();
+        assert_eq!(got, vec![DeviceConfig::loopback()]);
+        assert_eq!(origin, "the loopback default");
+    }
+
+    #[test]
+    fn the_default_file_is_read_when_present() {
+        let dir = std::env::temp_dir().join(format!("rverbs-cfg-default-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rverbs.toml");
+        std::fs::write(&path, "[[device]]\naddr = \"10.9.8.7\"\n").unwrap();
+        let (got, origin) = load_from(env(&[]), &path).unwrap();
+        assert_eq!(got, vec![DeviceConfig::at("10.9.8.7".parse().unwrap())]);
+        assert!(origin.contains("rverbs.toml"), "{origin}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn addr_env_lists_devices() {
-        let (got, origin) =
-            load_from(env(&[(ADDR_ENV, "10.0.0.1, rdma1=fd00::2,[fd00::3],auto")])).unwrap();
+        let (got, origin) = load(&[(ADDR_ENV, "10.0.0.1, rdma1=fd00::2,[fd00::3],auto")]).unwrap();
         assert_eq!(origin, "RVERBS_ADDR");
         assert_eq!(
             got,
@@ -382,7 +390,7 @@ mod tests {
 
     #[test]
     fn addr_env_overrides_config_file() {
-        let got = load_from(env(&[(ADDR_ENV, "10.0.0.9"), (CONFIG_ENV, "/nonexistent")]))
+        let got = load(&[(ADDR_ENV, "10.0.0.9"), (CONFIG_ENV, "/nonexistent")])
             .unwrap()
             .0;
         assert_eq!(got, vec![DeviceConfig::at("10.0.0.9".parse().unwrap())]);
@@ -404,7 +412,7 @@ mod tests {
             ("bad name=10.0.0.1", "may hold only"),
             ("=10.0.0.1", "empty device name"),
         ] {
-            let err = load_from(env(&[(ADDR_ENV, value)])).unwrap_err();
+            let err = load(&[(ADDR_ENV, value)]).unwrap_err();
             let msg = err.to_string();
             assert!(msg.starts_with("RVERBS_ADDR="), "{value}: {msg}");
             assert!(msg.contains(needle), "{value}: {msg}");
@@ -414,7 +422,7 @@ mod tests {
     #[test]
     fn too_many_devices() {
         let list: Vec<String> = (1..=17).map(|i| format!("10.0.0.{i}")).collect();
-        let err = load_from(env(&[(ADDR_ENV, &list.join(","))])).unwrap_err();
+        let err = load(&[(ADDR_ENV, &list.join(","))]).unwrap_err();
         assert!(err.to_string().contains("at most 16"), "{err}");
     }
 
@@ -428,7 +436,7 @@ mod tests {
             "[[device]]\nname = \"east\"\naddr = \"192.0.2.2\"\n\n[[device]]\naddr = \"auto\"\n",
         )
         .unwrap();
-        let (got, origin) = load_from(env(&[(CONFIG_ENV, path.to_str().unwrap())])).unwrap();
+        let (got, origin) = load(&[(CONFIG_ENV, path.to_str().unwrap())]).unwrap();
         assert!(origin.contains("ok.toml"), "{origin}");
         assert_eq!(
             got,
@@ -443,27 +451,27 @@ mod tests {
 
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, "[[device]]\naddr = \"192.0.2.2\"\nport = 1\n").unwrap();
-        let err = load_from(env(&[(CONFIG_ENV, bad.to_str().unwrap())])).unwrap_err();
+        let err = load(&[(CONFIG_ENV, bad.to_str().unwrap())]).unwrap_err();
         assert!(err.to_string().contains("bad.toml"), "{err}");
         assert!(err.to_string().contains("port"), "{err}");
 
         std::fs::write(&bad, "[[device]]\naddr = \"nope\"\n").unwrap();
-        let err = load_from(env(&[(CONFIG_ENV, bad.to_str().unwrap())])).unwrap_err();
+        let err = load(&[(CONFIG_ENV, bad.to_str().unwrap())]).unwrap_err();
         assert!(err.to_string().contains("device #1"), "{err}");
 
         std::fs::write(&bad, "# nothing\n").unwrap();
-        let err = load_from(env(&[(CONFIG_ENV, bad.to_str().unwrap())])).unwrap_err();
+        let err = load(&[(CONFIG_ENV, bad.to_str().unwrap())]).unwrap_err();
         assert!(err.to_string().contains("no [[device]]"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn missing_config_file_names_the_variable() {
-        let err = load_from(env(&[(CONFIG_ENV, "/nonexistent/rverbs.toml")])).unwrap_err();
+        let err = load(&[(CONFIG_ENV, "/nonexistent/rverbs.toml")]).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("/nonexistent/rverbs.toml"), "{msg}");
         assert!(msg.contains("RVERBS_CONFIG"), "{msg}");
-        let err = load_from(env(&[(CONFIG_ENV, "")])).unwrap_err();
+        let err = load(&[(CONFIG_ENV, "")]).unwrap_err();
         assert!(err.to_string().starts_with("RVERBS_CONFIG="), "{err}");
     }
 

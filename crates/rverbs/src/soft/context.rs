@@ -29,7 +29,7 @@ pub(crate) struct AsyncEntry {
 /// One open context.
 pub(crate) struct ContextCore {
     pub(crate) device: Arc<SoftDevice>,
-    pub(crate) handle: u32,
+    pub(crate) handle: u64,
     pub(crate) async_events: EventQueue<AsyncEntry>,
     pub(crate) ledger: ResourceLedger,
     channels: Mutex<Vec<Weak<ChannelCore>>>,
@@ -38,13 +38,6 @@ pub(crate) struct ContextCore {
 impl ContextCore {
     /// Opens a context on `device`.
     pub(crate) fn open(device: &Arc<SoftDevice>) -> Result<Arc<ContextCore>, Error> {
-        if device.is_disassociated() {
-            return Err(Error::new(
-                Verb::OpenDevice,
-                ErrorKind::NoDevice,
-                format!("device {} was disassociated", device.name),
-            ));
-        }
         let async_events = EventQueue::new()
             .map_err(|e| Error::from_errno(Verb::OpenDevice, e, "async event descriptor"))?;
         let ctx = Arc::new(ContextCore {
@@ -54,10 +47,12 @@ impl ContextCore {
             ledger: ResourceLedger::default(),
             channels: Mutex::new(Vec::new()),
         });
-        device.register_context(&ctx);
-        // Disassociated between the check and the registration: deliver the event now.
-        if device.is_disassociated() {
-            ctx.device_fatal();
+        if !device.register_context(&ctx) {
+            return Err(Error::new(
+                Verb::OpenDevice,
+                ErrorKind::NoDevice,
+                format!("device {} was disassociated", device.name),
+            ));
         }
         Ok(ctx)
     }

@@ -66,7 +66,7 @@ pub(crate) struct CqOverrun;
 
 /// One completion queue.
 pub(crate) struct CqCore {
-    pub(crate) handle: u32,
+    pub(crate) handle: u64,
     pub(crate) ctx: Arc<ContextCore>,
     pub(crate) channel: Option<Arc<ChannelCore>>,
     /// `cq_context`: a value the user gets back with every event.

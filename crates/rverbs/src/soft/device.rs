@@ -8,7 +8,7 @@
 //! and later verbs fail with EIO.
 
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::attr::{
@@ -203,7 +203,7 @@ pub(crate) struct SoftDevice {
     pub(crate) ifindex: u32,
     socket: Mutex<Option<UdpSocket>>,
     disassociated: AtomicBool,
-    next_handle: AtomicU32,
+    next_handle: AtomicU64,
     pub(crate) mrs: MrTable,
     pub(crate) pds: Quota,
     pub(crate) cqs: Quota,
@@ -239,7 +239,7 @@ impl SoftDevice {
             ifindex: link.as_ref().map_or(0, |l| l.index),
             socket: Mutex::new(Some(socket)),
             disassociated: AtomicBool::new(false),
-            next_handle: AtomicU32::new(1),
+            next_handle: AtomicU64::new(1),
             mrs: MrTable::new(attr.max_mr as usize),
             pds: Quota::new(attr.max_pd),
             cqs: Quota::new(attr.max_cq),
@@ -286,32 +286,39 @@ impl SoftDevice {
         }
     }
 
-    /// A new handle, unique on this device.
-    pub(crate) fn new_handle(&self) -> u32 {
+    /// A new handle, unique on this device for the life of the process (a
+    /// 64-bit count does not wrap), so handles also serve as identities: the
+    /// PD check compares PD handles.
+    pub(crate) fn new_handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn register_context(&self, ctx: &Arc<ContextCore>) {
+    /// Adds a context to those disassociation reaches; false if the device
+    /// is gone already. Checked under the list's lock, which disassociation
+    /// holds while it marks the device gone, so every context hears of it
+    /// exactly once.
+    pub(crate) fn register_context(&self, ctx: &Arc<ContextCore>) -> bool {
         let mut list = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_disassociated() {
+            return false;
+        }
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(ctx));
+        true
     }
 
     /// Hot-unplug: closes the endpoint, takes the device off the device list
     /// and sends IBV_EVENT_DEVICE_FATAL to every open context.
     pub(crate) fn disassociate(self: &Arc<Self>) {
-        if self.disassociated.swap(true, Ordering::AcqRel) {
-            return;
-        }
+        let contexts: Vec<_> = {
+            let mut list = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
+            if self.disassociated.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            list.drain(..).filter_map(|w| w.upgrade()).collect()
+        };
         drop(self.socket.lock().unwrap_or_else(|p| p.into_inner()).take());
         forget(self);
-        let contexts: Vec<_> = self
-            .contexts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .filter_map(|w| w.upgrade())
-            .collect();
         for ctx in contexts {
             ctx.device_fatal();
         }
@@ -435,6 +442,8 @@ impl Registry {
         if self.initialized {
             return Ok(());
         }
+        // Library initialization: read the once-per-process settings now.
+        allow_disassoc_destroy();
         let (configs, origin) = config::load().map_err(|e| {
             Error::new(
                 Verb::GetDeviceList,

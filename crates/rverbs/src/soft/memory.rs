@@ -9,12 +9,17 @@
 //!   used for local SGEs, remote requests and the owner's own
 //!   `read_at`/`write_at` alike;
 //! - the only code that copies bytes in and out of registered memory
-//!   ([`MemWindow`]).
+//!   ([`ReadWindow`], [`WriteWindow`]).
 //!
-//! Registered memory is treated like memory a NIC reaches by DMA: it is never
-//! handed out as a Rust reference. Copies run under the MR's read lock;
-//! deregistration and re-registration take the write lock, so they wait for
-//! in-flight copies and later lookups fail.
+//! Registered memory is never handed out as a Rust reference in safe code,
+//! and no two copies race: copies out of an MR run under its read lock, copies
+//! into it (the owner's `write_at`, receives, READ responses, remote writes
+//! and atomics) under its write lock — the borrow checker enforces it, as a
+//! [`WriteWindow`] can only be made from `&mut MrState`. Deregistration and
+//! re-registration take the write lock too, so they wait for copies in
+//! flight and later lookups fail. Locks are not reentrant: code that holds a
+//! window must not open another on any MR (the transport always copies
+//! through a packet buffer, so it never needs to).
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -87,24 +92,25 @@ impl Region {
     }
 
     /// Gives owned memory back (and `None` for foreign memory).
-    pub(crate) fn into_owned(self) -> Option<Box<[u8]>> {
-        let this = std::mem::ManuallyDrop::new(self);
-        this.owned.then(|| {
-            let raw = std::ptr::slice_from_raw_parts_mut(this.ptr.as_ptr(), this.len);
-            // SAFETY: `raw` is exactly the pointer and length `Box::into_raw`
-            // returned in `owned`, and ManuallyDrop keeps Drop from freeing it twice.
-            unsafe { Box::from_raw(raw) }
-        })
+    pub(crate) fn into_owned(mut self) -> Option<Box<[u8]>> {
+        self.take_owned()
+    }
+
+    /// Takes the owned allocation out, leaving the region owning nothing.
+    fn take_owned(&mut self) -> Option<Box<[u8]>> {
+        if !std::mem::replace(&mut self.owned, false) {
+            return None;
+        }
+        let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+        // SAFETY: `raw` is exactly the pointer and length `Box::into_raw` gave
+        // in `owned`, and clearing `owned` above makes this the only rebuild.
+        Some(unsafe { Box::from_raw(raw) })
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.owned {
-            let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-            // SAFETY: as in `into_owned`; this is the only place the Box is rebuilt.
-            drop(unsafe { Box::from_raw(raw) });
-        }
+        drop(self.take_owned());
     }
 }
 
@@ -135,6 +141,17 @@ pub(crate) enum AccessKind {
 }
 
 impl AccessKind {
+    /// Whether the access writes the memory (and so needs a [`WriteWindow`]).
+    pub(crate) fn writes(self) -> bool {
+        matches!(
+            self,
+            AccessKind::CpuWrite
+                | AccessKind::LocalWrite
+                | AccessKind::RemoteWrite
+                | AccessKind::RemoteAtomic
+        )
+    }
+
     fn needs(self) -> AccessFlags {
         match self {
             AccessKind::CpuRead | AccessKind::CpuWrite | AccessKind::LocalRead => {
@@ -159,9 +176,9 @@ pub(crate) enum AccessError {
     #[error("memory region is in PD {mr_pd}, the access comes from PD {pd}")]
     WrongPd {
         /// The MR's PD.
-        mr_pd: u32,
+        mr_pd: u64,
         /// The accessor's PD.
-        pd: u32,
+        pd: u64,
     },
     /// The MR's access flags do not allow it.
     #[error("access needs {needed:?}, the memory region allows {allowed:?}")]
@@ -202,7 +219,7 @@ pub(crate) struct MrState {
     pub(crate) iova: u64,
     pub(crate) access: AccessFlags,
     /// Id of the PD it belongs to.
-    pub(crate) pd: u32,
+    pub(crate) pd: u64,
     /// False once deregistered.
     pub(crate) valid: bool,
 }
@@ -215,7 +232,7 @@ impl MrState {
         va: u64,
         len: u64,
         kind: AccessKind,
-        pd: Option<u32>,
+        pd: Option<u64>,
     ) -> Result<usize, AccessError> {
         if !self.valid {
             return Err(AccessError::NoSuchKey(self.key));
@@ -249,19 +266,47 @@ impl MrState {
         Ok(offset as usize)
     }
 
-    /// A window on `[va, va+len)` after [`check`](Self::check) passed.
-    pub(crate) fn window(
+    /// The start of `[va, va+len)` after [`check`](Self::check) passed.
+    fn checked_ptr(
         &self,
         va: u64,
         len: usize,
         kind: AccessKind,
-        pd: Option<u32>,
-    ) -> Result<MemWindow<'_>, AccessError> {
+        pd: Option<u64>,
+    ) -> Result<*mut u8, AccessError> {
         let offset = self.check(va, len as u64, kind, pd)?;
         // SAFETY: check() proved offset + len <= region.len, so the pointer
         // stays inside (or one past the end of) the region's allocation.
-        let ptr = unsafe { self.region.ptr.as_ptr().add(offset) };
-        Ok(MemWindow {
+        Ok(unsafe { self.region.ptr.as_ptr().add(offset) })
+    }
+
+    /// A window to read `[va, va+len)`; `kind` must be a reading access.
+    pub(crate) fn read_window(
+        &self,
+        va: u64,
+        len: usize,
+        kind: AccessKind,
+        pd: Option<u64>,
+    ) -> Result<ReadWindow<'_>, AccessError> {
+        debug_assert!(!kind.writes());
+        let ptr = self.checked_ptr(va, len, kind, pd)?;
+        Ok(ReadWindow {
+            ptr,
+            len,
+            _state: PhantomData,
+        })
+    }
+
+    /// A window to write `[va, va+len)`. Needs `&mut self`: the MR's write lock.
+    pub(crate) fn write_window(
+        &mut self,
+        va: u64,
+        len: usize,
+        kind: AccessKind,
+        pd: Option<u64>,
+    ) -> Result<WriteWindow<'_>, AccessError> {
+        let ptr = self.checked_ptr(va, len, kind, pd)?;
+        Ok(WriteWindow {
             ptr,
             len,
             _state: PhantomData,
@@ -269,32 +314,55 @@ impl MrState {
     }
 }
 
-/// A checked range of registered memory, valid while the MR lock it borrows
-/// from is held. The only code that touches registered bytes.
-pub(crate) struct MemWindow<'a> {
+/// A checked range of registered memory to copy out of, valid while the MR's
+/// read lock it borrows from is held: readers may share it, no writer can.
+pub(crate) struct ReadWindow<'a> {
     ptr: *mut u8,
     len: usize,
     _state: PhantomData<&'a MrState>,
 }
 
-impl MemWindow<'_> {
+/// A checked range of registered memory to copy into, valid while the MR's
+/// write lock it borrows from is held: nothing else touches the MR meanwhile.
+pub(crate) struct WriteWindow<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _state: PhantomData<&'a mut MrState>,
+}
+
+/// Copies the start of a window into `dst`; returns bytes copied.
+fn copy_out(ptr: *const u8, len: usize, dst: &mut [u8]) -> usize {
+    let n = dst.len().min(len);
+    // SAFETY: `ptr..ptr+n` is inside the registered region (checked when the
+    // window was made), stays allocated while the MR lock behind the window is
+    // held, and no writer runs meanwhile (writers need the write lock). Only
+    // foreign registrations could overlap `dst`; `ptr::copy` allows that.
+    unsafe { std::ptr::copy(ptr, dst.as_mut_ptr(), n) };
+    n
+}
+
+impl ReadWindow<'_> {
     /// Copies the start of the window into `dst`; returns bytes copied.
     pub(crate) fn read_into(&self, dst: &mut [u8]) -> usize {
-        let n = dst.len().min(self.len);
-        // SAFETY: `ptr..ptr+n` is inside the registered region (checked when the
-        // window was made) and stays allocated while the MR read lock is held.
-        // `ptr::copy` tolerates overlap, which only foreign registrations could
-        // produce. Concurrent device writes to the same bytes give unspecified
-        // contents, as DMA does, but never touch memory outside the region.
-        unsafe { std::ptr::copy(self.ptr, dst.as_mut_ptr(), n) };
-        n
+        copy_out(self.ptr, self.len, dst)
+    }
+}
+
+impl WriteWindow<'_> {
+    /// Copies the start of the window into `dst`; returns bytes copied.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "atomics arrive with the RC transport")
+    )]
+    pub(crate) fn read_into(&self, dst: &mut [u8]) -> usize {
+        copy_out(self.ptr, self.len, dst)
     }
 
     /// Copies `src` into the start of the window; returns bytes copied.
-    pub(crate) fn write_from(&self, src: &[u8]) -> usize {
+    pub(crate) fn write_from(&mut self, src: &[u8]) -> usize {
         let n = src.len().min(self.len);
-        // SAFETY: as in `read_into`; the region is writable memory we own or
-        // the caller of the unsafe registration promised.
+        // SAFETY: as in `copy_out`; the write lock behind the window excludes
+        // every other access to the MR's memory through rverbs.
         unsafe { std::ptr::copy(src.as_ptr(), self.ptr, n) };
         n
     }
@@ -303,12 +371,12 @@ impl MemWindow<'_> {
 /// An MR as the device knows it.
 pub(crate) struct MrCore {
     /// Handle of the MR (device-unique).
-    pub(crate) handle: u32,
+    pub(crate) handle: u64,
     state: RwLock<MrState>,
 }
 
 impl MrCore {
-    pub(crate) fn new(handle: u32, state: MrState) -> MrCore {
+    pub(crate) fn new(handle: u64, state: MrState) -> MrCore {
         MrCore {
             handle,
             state: RwLock::new(state),
@@ -384,7 +452,7 @@ impl MrTable {
 
     /// Registers an MR under a fresh key (written into `state.key`). When the
     /// table is full (`max_mr`) the state comes back.
-    pub(crate) fn insert(&self, handle: u32, mut state: MrState) -> Result<Arc<MrCore>, MrState> {
+    pub(crate) fn insert(&self, handle: u64, mut state: MrState) -> Result<Arc<MrCore>, MrState> {
         let mut map = self.map_write();
         if map.len() >= self.limit {
             return Err(state);
@@ -410,8 +478,16 @@ impl MrTable {
         self.map_write().remove(&key);
     }
 
-    /// Looks `key` up, checks the access and runs `f` on the window while the
-    /// MR cannot be deregistered or re-registered.
+    fn lookup(&self, key: u32) -> Result<Arc<MrCore>, AccessError> {
+        self.map_read()
+            .get(&key)
+            .cloned()
+            .ok_or(AccessError::NoSuchKey(key))
+    }
+
+    /// Looks `key` up, checks a reading access and runs `f` on the window
+    /// while the MR cannot be written, deregistered or re-registered. `f`
+    /// must not open another window.
     #[cfg_attr(
         not(test),
         expect(
@@ -419,27 +495,48 @@ impl MrTable {
             reason = "the transport's entry point; QPs arrive with the RC transport"
         )
     )]
-    pub(crate) fn access<R>(
+    pub(crate) fn read<R>(
         &self,
         key: u32,
         va: u64,
         len: usize,
         kind: AccessKind,
-        pd: Option<u32>,
-        f: impl FnOnce(MemWindow<'_>) -> R,
+        pd: Option<u64>,
+        f: impl FnOnce(ReadWindow<'_>) -> R,
     ) -> Result<R, AccessError> {
-        let mr = self
-            .map_read()
-            .get(&key)
-            .cloned()
-            .ok_or(AccessError::NoSuchKey(key))?;
+        let mr = self.lookup(key)?;
         let state = mr.read();
         if state.key != key {
             // Re-keyed between the lookup and the lock.
             return Err(AccessError::NoSuchKey(key));
         }
-        let window = state.window(va, len, kind, pd)?;
-        Ok(f(window))
+        Ok(f(state.read_window(va, len, kind, pd)?))
+    }
+
+    /// Looks `key` up, checks a writing access and runs `f` on the window
+    /// while nothing else can touch the MR. `f` must not open another window.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "the transport's entry point; QPs arrive with the RC transport"
+        )
+    )]
+    pub(crate) fn write<R>(
+        &self,
+        key: u32,
+        va: u64,
+        len: usize,
+        kind: AccessKind,
+        pd: Option<u64>,
+        f: impl FnOnce(WriteWindow<'_>) -> R,
+    ) -> Result<R, AccessError> {
+        let mr = self.lookup(key)?;
+        let mut state = mr.write();
+        if state.key != key {
+            return Err(AccessError::NoSuchKey(key));
+        }
+        Ok(f(state.write_window(va, len, kind, pd)?))
     }
 }
 
@@ -493,66 +590,73 @@ mod tests {
     #[test]
     fn remote_write_then_local_read_round_trip() {
         let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, 64);
-        t.access(key, 0x1010, 4, AccessKind::RemoteWrite, Some(7), |w| {
+        t.write(key, 0x1010, 4, AccessKind::RemoteWrite, Some(7), |mut w| {
             assert_eq!(w.write_from(b"abcd"), 4)
         })
         .unwrap();
         let mut out = [0u8; 4];
-        t.access(key, 0x1010, 4, AccessKind::LocalRead, Some(7), |w| {
+        t.read(key, 0x1010, 4, AccessKind::LocalRead, Some(7), |w| {
             w.read_into(&mut out)
         })
         .unwrap();
         assert_eq!(&out, b"abcd");
+        let mut back = [0u8; 2];
+        t.write(key, 0x1011, 2, AccessKind::LocalWrite, Some(7), |w| {
+            w.read_into(&mut back)
+        })
+        .unwrap();
+        assert_eq!(&back, b"bc");
     }
 
     #[test]
     fn every_check_refuses_what_it_must() {
         let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ, 64);
-        let nop = |_: MemWindow<'_>| ();
+        let nop = |_: ReadWindow<'_>| ();
+        let wnop = |_: WriteWindow<'_>| ();
         assert_eq!(
-            t.access(key ^ 1, 0x1000, 1, AccessKind::RemoteRead, Some(7), nop),
+            t.read(key ^ 1, 0x1000, 1, AccessKind::RemoteRead, Some(7), nop),
             Err(AccessError::NoSuchKey(key ^ 1))
         );
         assert!(matches!(
-            t.access(key, 0x1000, 1, AccessKind::RemoteRead, Some(8), nop),
+            t.read(key, 0x1000, 1, AccessKind::RemoteRead, Some(8), nop),
             Err(AccessError::WrongPd { mr_pd: 7, pd: 8 })
         ));
         assert!(matches!(
-            t.access(key, 0x1000, 1, AccessKind::RemoteWrite, Some(7), nop),
+            t.write(key, 0x1000, 1, AccessKind::RemoteWrite, Some(7), wnop),
             Err(AccessError::Denied { .. })
         ));
         assert!(matches!(
-            t.access(key, 0x1000, 8, AccessKind::RemoteAtomic, Some(7), nop),
+            t.write(key, 0x1000, 8, AccessKind::RemoteAtomic, Some(7), wnop),
             Err(AccessError::Denied { .. })
         ));
         for (va, len) in [(0xfff, 1), (0x1000, 65), (0x1040, 1), (u64::MAX, 2)] {
             assert!(
                 matches!(
-                    t.access(key, va, len, AccessKind::RemoteRead, Some(7), nop),
+                    t.read(key, va, len, AccessKind::RemoteRead, Some(7), nop),
                     Err(AccessError::OutOfBounds { .. })
                 ),
                 "{va:#x}+{len}"
             );
         }
         // Edges are inside: the last byte and an empty access at the end.
-        t.access(key, 0x103f, 1, AccessKind::RemoteRead, Some(7), nop)
+        t.read(key, 0x103f, 1, AccessKind::RemoteRead, Some(7), nop)
             .unwrap();
-        t.access(key, 0x1040, 0, AccessKind::RemoteRead, Some(7), nop)
+        t.read(key, 0x1040, 0, AccessKind::RemoteRead, Some(7), nop)
             .unwrap();
     }
 
     #[test]
     fn atomics_need_eight_aligned_bytes() {
         let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC, 64);
-        let nop = |_: MemWindow<'_>| ();
-        t.access(key, 0x1008, 8, AccessKind::RemoteAtomic, None, nop)
+        let nop = |_: WriteWindow<'_>| ();
+        t.write(key, 0x1008, 8, AccessKind::RemoteAtomic, None, nop)
             .unwrap();
         assert!(matches!(
-            t.access(key, 0x1004, 8, AccessKind::RemoteAtomic, None, nop),
+            t.write(key, 0x1004, 8, AccessKind::RemoteAtomic, None, nop),
             Err(AccessError::Misaligned { .. })
         ));
         assert!(matches!(
-            t.access(key, 0x1008, 4, AccessKind::RemoteAtomic, None, nop),
+            t.write(key, 0x1008, 4, AccessKind::RemoteAtomic, None, nop),
             Err(AccessError::Misaligned { .. })
         ));
     }
@@ -560,19 +664,19 @@ mod tests {
     #[test]
     fn removed_and_rekeyed_keys_stop_working() {
         let (t, mr, key) = table_with(AccessFlags::LOCAL_WRITE, 8);
-        let nop = |_: MemWindow<'_>| ();
+        let nop = |_: WriteWindow<'_>| ();
         let new_key = t.rekey(&mr, key);
         mr.write().key = new_key;
         assert_ne!(new_key, key);
         assert!(t
-            .access(key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
+            .write(key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
             .is_err());
-        t.access(new_key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
+        t.write(new_key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
             .unwrap();
         t.remove(new_key);
         assert_eq!(t.len(), 0);
         assert!(t
-            .access(new_key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
+            .write(new_key, 0x1000, 1, AccessKind::LocalWrite, None, nop)
             .is_err());
     }
 

@@ -28,12 +28,20 @@ use nix::sys::socket::{recv, send, socketpair, AddressFamily, MsgFlags, SockFlag
 /// How long a read may wait for an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
-    /// Block, unless the user made the descriptor non-blocking.
+    /// Block, unless the user made the descriptor non-blocking; then a read
+    /// with nothing pending fails with `WouldBlock`.
     Block,
-    /// Wait at most this long.
-    Timeout(Duration),
+    /// Wait until this instant (`None`: for ever), whatever the descriptor's flags.
+    Until(Option<Instant>),
     /// Do not wait.
     Poll,
+}
+
+impl Wait {
+    /// Wait at most `timeout` (a timeout too large to represent waits for ever).
+    pub(crate) fn timeout(timeout: Duration) -> Wait {
+        Wait::Until(Instant::now().checked_add(timeout))
+    }
 }
 
 /// Why a read returned no event.
@@ -136,20 +144,18 @@ impl<T> EventQueue<T> {
         self.ring(&mut st);
     }
 
-    /// Takes the next event `accept` turns into a result. `accept` runs under
-    /// the queue lock and may reject a stale event (its object was destroyed)
-    /// by returning `None`; the read then goes on to the next one.
+    /// Takes the next event `accept` turns into a result, waiting as `wait`
+    /// says; `Ok(None)` when none came in time (never for `Wait::Block`).
+    /// `accept` runs under the queue lock and may reject a stale event (its
+    /// object was destroyed) by returning `None`; the read then goes on to the
+    /// next one.
     pub(crate) fn pop_with<R>(
         &self,
         wait: Wait,
         mut accept: impl FnMut(T) -> Option<R>,
     ) -> Result<Option<R>, PopError> {
-        let deadline = match wait {
-            Wait::Timeout(d) => Some(Instant::now() + d),
-            _ => None,
-        };
         loop {
-            if !self.take_doorbell(wait, deadline)? {
+            if !self.take_doorbell(wait)? {
                 return Ok(None);
             }
             let mut st = self.lock();
@@ -174,35 +180,39 @@ impl<T> EventQueue<T> {
     }
 
     /// Takes the doorbell byte. `Ok(false)`: none came within `wait`.
-    fn take_doorbell(&self, wait: Wait, deadline: Option<Instant>) -> Result<bool, PopError> {
+    fn take_doorbell(&self, wait: Wait) -> Result<bool, PopError> {
         let fd = self.reader.as_raw_fd();
         let mut b = [0u8; 1];
+        let flags = match wait {
+            Wait::Block => MsgFlags::empty(),
+            Wait::Until(_) | Wait::Poll => MsgFlags::MSG_DONTWAIT,
+        };
         loop {
-            let flags = match wait {
-                Wait::Block => MsgFlags::empty(),
-                Wait::Timeout(_) | Wait::Poll => MsgFlags::MSG_DONTWAIT,
+            let deadline = match (recv(fd, &mut b, flags), wait) {
+                (Ok(_), _) => return Ok(true),
+                (Err(Errno::EINTR), _) => continue,
+                (Err(Errno::EAGAIN), Wait::Block) => return Err(PopError::WouldBlock),
+                (Err(Errno::EAGAIN), Wait::Poll) => return Ok(false),
+                (Err(Errno::EAGAIN), Wait::Until(deadline)) => deadline,
+                (Err(e), _) => return Err(PopError::Os(e)),
             };
-            match recv(fd, &mut b, flags) {
-                Ok(_) => return Ok(true),
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => match (wait, deadline) {
-                    (Wait::Block, _) => return Err(PopError::WouldBlock),
-                    (Wait::Poll, _) => return Ok(false),
-                    (Wait::Timeout(_), Some(deadline)) => {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return Ok(false);
-                        }
-                        // Round up so a sub-millisecond wait still sleeps.
-                        let ms = u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
-                        let mut fds = [PollFd::new(self.reader.as_fd(), PollFlags::POLLIN)];
-                        match poll(&mut fds, PollTimeout::from(ms)) {
-                            Ok(_) | Err(Errno::EINTR) => continue,
-                            Err(e) => return Err(PopError::Os(e)),
-                        }
+            let timeout = match deadline {
+                None => PollTimeout::NONE,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(false);
                     }
-                    (Wait::Timeout(_), None) => unreachable!("a timeout always has a deadline"),
-                },
+                    // Round up so a sub-millisecond wait still sleeps; long
+                    // waits poll in 65 s steps.
+                    PollTimeout::from(
+                        u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX),
+                    )
+                }
+            };
+            let mut fds = [PollFd::new(self.reader.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(_) | Err(Errno::EINTR) => continue,
                 Err(e) => return Err(PopError::Os(e)),
             }
         }
@@ -249,13 +259,13 @@ mod tests {
         let q = Arc::new(EventQueue::new().unwrap());
         let t0 = Instant::now();
         assert_eq!(
-            q.pop_with(Wait::Timeout(Duration::from_millis(30)), Some),
+            q.pop_with(Wait::timeout(Duration::from_millis(30)), Some),
             Ok(None)
         );
         assert!(t0.elapsed() >= Duration::from_millis(30));
         let q2 = q.clone();
         let h =
-            std::thread::spawn(move || q2.pop_with(Wait::Timeout(Duration::from_secs(30)), Some));
+            std::thread::spawn(move || q2.pop_with(Wait::timeout(Duration::from_secs(30)), Some));
         std::thread::sleep(Duration::from_millis(20));
         q.push(9u32);
         assert_eq!(h.join().unwrap(), Ok(Some(9)));
@@ -300,18 +310,37 @@ mod tests {
     }
 
     #[test]
+    fn huge_timeouts_wait_for_ever_without_overflow() {
+        let q = Arc::new(EventQueue::new().unwrap());
+        let q2 = q.clone();
+        let h = std::thread::spawn(move || q2.pop_with(Wait::timeout(Duration::MAX), Some));
+        std::thread::sleep(Duration::from_millis(20));
+        q.push(3u32);
+        assert_eq!(h.join().unwrap(), Ok(Some(3)));
+        assert_eq!(Wait::timeout(Duration::MAX), Wait::Until(None));
+    }
+
+    #[test]
     fn many_threads_each_event_once() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
         let q = Arc::new(EventQueue::new().unwrap());
         let n = 2000u32;
+        let taken = Arc::new(AtomicU32::new(0));
         let consumers: Vec<_> = (0..4)
             .map(|_| {
-                let q = q.clone();
+                let (q, taken) = (q.clone(), taken.clone());
                 std::thread::spawn(move || {
                     let mut got = Vec::new();
-                    while let Ok(Some(v)) =
-                        q.pop_with(Wait::Timeout(Duration::from_millis(500)), Some)
-                    {
-                        got.push(v);
+                    // Until every event is taken by someone.
+                    while taken.load(SeqCst) < n {
+                        match q.pop_with(Wait::timeout(Duration::from_millis(20)), Some) {
+                            Ok(Some(v)) => {
+                                taken.fetch_add(1, SeqCst);
+                                got.push(v);
+                            }
+                            Ok(None) => {}
+                            Err(e) => panic!("{e:?}"),
+                        }
                     }
                     got
                 })

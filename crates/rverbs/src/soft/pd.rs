@@ -11,7 +11,7 @@ use crate::soft::context::ContextCore;
 /// One protection domain.
 pub(crate) struct PdCore {
     /// Handle, unique on the device; also the PD id the key checks compare.
-    pub(crate) handle: u32,
+    pub(crate) handle: u64,
     pub(crate) ctx: Arc<ContextCore>,
     users: AtomicU32,
     released: AtomicBool,

@@ -22,7 +22,7 @@ pub enum AsyncEventElement {
     /// A completion queue: its handle and the user data it was created with.
     Cq {
         /// The CQ's handle.
-        handle: u32,
+        handle: u64,
         /// The CQ's `cq_context`.
         user_data: u64,
     },

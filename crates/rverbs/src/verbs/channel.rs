@@ -21,7 +21,6 @@ use crate::error::{Error, ErrorKind, Rejected, Result, Verb};
 use crate::soft::channel::ChannelCore;
 use crate::soft::context::ContextCore;
 use crate::soft::cq::CqCore;
-use crate::soft::device::DestroyPath;
 use crate::soft::notify::{PopError, Wait};
 use crate::verbs::cq::CompletionQueue;
 
@@ -42,7 +41,7 @@ impl CompletionChannel {
     }
 
     /// The channel's handle (unique on the device).
-    pub fn handle(&self) -> u32 {
+    pub fn handle(&self) -> u64 {
         self.core.handle
     }
 
@@ -92,7 +91,7 @@ impl CompletionChannel {
 
     /// Waits at most `timeout` for the next completion event.
     pub fn get_cq_event_timeout(&self, timeout: Duration) -> Result<Option<CqEvent>> {
-        self.pop(Wait::Timeout(timeout))
+        self.pop(Wait::timeout(timeout))
     }
 
     /// The next completion event if one is pending, without waiting.
@@ -101,26 +100,21 @@ impl CompletionChannel {
     }
 
     /// Destroys the channel (`ibv_destroy_comp_channel`). Fails with EBUSY
-    /// while any CQ still uses it, handing the channel back unchanged.
+    /// while any CQ still uses it, handing the channel back unchanged. As in
+    /// libibverbs this involves no device command, so it behaves the same
+    /// after a disassociation (never EIO; still EBUSY while CQs use it).
     pub fn destroy(self) -> Result<(), Rejected<CompletionChannel>> {
-        let verb = Verb::DestroyCompChannel;
-        match self.core.ctx.device.destroy_path(verb) {
-            Err(e) => return Err(Rejected::new(e, self)),
-            Ok(DestroyPath::Forced) => {}
-            Ok(DestroyPath::Checked) => {
-                let n = self.core.cq_count();
-                if n > 0 {
-                    let err = Error::busy(
-                        verb,
-                        format!(
-                            "{n} CQ{} still use completion channel {}",
-                            if n == 1 { "" } else { "s" },
-                            self.core.handle
-                        ),
-                    );
-                    return Err(Rejected::new(err, self));
-                }
-            }
+        let n = self.core.cq_count();
+        if n > 0 {
+            let err = Error::busy(
+                Verb::DestroyCompChannel,
+                format!(
+                    "{n} CQ{} still use completion channel {}",
+                    if n == 1 { "" } else { "s" },
+                    self.core.handle
+                ),
+            );
+            return Err(Rejected::new(err, self));
         }
         self.core.release();
         Ok(())
@@ -163,7 +157,7 @@ impl CqEvent {
     }
 
     /// The handle of the CQ that fired.
-    pub fn cq_handle(&self) -> u32 {
+    pub fn cq_handle(&self) -> u64 {
         self.cq.handle
     }
 

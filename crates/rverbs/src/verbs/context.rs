@@ -156,7 +156,7 @@ impl Context {
 
     /// As [`get_async_event`](Self::get_async_event), waiting at most `timeout`.
     pub fn get_async_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent>> {
-        pop_async(&self.core, Wait::Timeout(timeout))
+        pop_async(&self.core, Wait::timeout(timeout))
     }
 
     /// The next async event if one is pending, without waiting.

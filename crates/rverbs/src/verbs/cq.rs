@@ -82,7 +82,7 @@ pub struct CompletionQueue {
 
 impl CompletionQueue {
     /// The CQ's handle (unique on the device).
-    pub fn handle(&self) -> u32 {
+    pub fn handle(&self) -> u64 {
         self.core.handle
     }
 

@@ -187,7 +187,7 @@ impl MemoryRegion {
     }
 
     /// The MR's handle (unique on the device).
-    pub fn handle(&self) -> u32 {
+    pub fn handle(&self) -> u64 {
         self.core.handle
     }
 
@@ -227,7 +227,7 @@ impl MemoryRegion {
     }
 
     /// Handle of the PD the MR is in.
-    pub fn pd_handle(&self) -> u32 {
+    pub fn pd_handle(&self) -> u64 {
         self.pd.handle
     }
 
@@ -235,21 +235,20 @@ impl MemoryRegion {
     pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         let st = self.core.read();
         let va = st.iova.wrapping_add(offset as u64);
-        let w = st
-            .window(va, buf.len(), AccessKind::CpuRead, None)
-            .map_err(|e| access_error(Verb::MrRead, e))?;
-        w.read_into(buf);
+        st.read_window(va, buf.len(), AccessKind::CpuRead, None)
+            .map_err(|e| access_error(Verb::MrRead, e))?
+            .read_into(buf);
         Ok(())
     }
 
-    /// Copies `data` into the MR starting `offset` bytes in.
+    /// Copies `data` into the MR starting `offset` bytes in. It takes the
+    /// MR's write lock, so it never races a device access or another copy.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        let st = self.core.read();
+        let mut st = self.core.write();
         let va = st.iova.wrapping_add(offset as u64);
-        let w = st
-            .window(va, data.len(), AccessKind::CpuWrite, None)
-            .map_err(|e| access_error(Verb::MrWrite, e))?;
-        w.write_from(data);
+        st.write_window(va, data.len(), AccessKind::CpuWrite, None)
+            .map_err(|e| access_error(Verb::MrWrite, e))?
+            .write_from(data);
         Ok(())
     }
 
@@ -296,6 +295,7 @@ impl MemoryRegion {
             let region = match memory {
                 NewMemory::Owned(buf) => Region::owned(buf.into_boxed_slice()),
                 NewMemory::Foreign(region) => region,
+                NewMemory::Null => Region::empty(), // refused by check_rereg
             };
             st.iova = region.addr();
             old = Some(std::mem::replace(&mut st.region, region));
@@ -334,6 +334,9 @@ impl MemoryRegion {
             }
         }
         if let Some(memory) = &req.memory {
+            if matches!(memory, NewMemory::Null) {
+                return Err(Error::invalid(verb, "address is NULL"));
+            }
             let (addr, len) = memory.addr_len();
             check_translation(verb, &self.pd, addr, len, addr)?;
         }
@@ -419,6 +422,8 @@ impl fmt::Debug for MemoryRegion {
 enum NewMemory {
     Owned(MrBuffer),
     Foreign(Region),
+    /// `foreign_memory` was given a NULL pointer: refused by `rereg`.
+    Null,
 }
 
 impl NewMemory {
@@ -426,6 +431,7 @@ impl NewMemory {
         match self {
             NewMemory::Owned(b) => (b.as_ptr() as u64, b.len()),
             NewMemory::Foreign(r) => (r.addr(), r.len()),
+            NewMemory::Null => (0, 0),
         }
     }
 }
@@ -469,14 +475,11 @@ impl<'a> Rereg<'a> {
     /// # Safety
     /// As for [`ProtectionDomain::reg_mr_raw`]. A NULL `addr` is refused.
     pub unsafe fn foreign_memory(mut self, addr: *mut u8, len: usize) -> Self {
-        self.memory = NonNull::new(addr).map(|p| {
+        self.memory = Some(match NonNull::new(addr) {
             // SAFETY: the caller guarantees the range for the MR's lifetime.
-            NewMemory::Foreign(unsafe { Region::foreign(p, len) })
+            Some(p) => NewMemory::Foreign(unsafe { Region::foreign(p, len) }),
+            None => NewMemory::Null,
         });
-        if self.memory.is_none() {
-            // A NULL pointer: make the request fail with EINVAL in check_translation.
-            self.memory = Some(NewMemory::Owned(MrBuffer::default()));
-        }
         self
     }
 

@@ -26,7 +26,7 @@ impl ProtectionDomain {
     }
 
     /// The PD's handle (unique on the device).
-    pub fn handle(&self) -> u32 {
+    pub fn handle(&self) -> u64 {
         self.core.handle
     }
 
@@ -80,9 +80,10 @@ impl ProtectionDomain {
     /// # Safety
     /// `addr..addr+len` must be valid for reads and writes, and stay valid
     /// until the returned MR is deregistered, dropped or re-registered to
-    /// other memory; the device may read or write it at any time meanwhile,
-    /// so the caller must not hold Rust references to it while the MR allows
-    /// the device to write (local or remote write access).
+    /// other memory. Meanwhile the memory belongs to the MR: the device and
+    /// the MR's `write_at` may write it at any time, so the caller must not
+    /// hold Rust references to it, nor access it other than through the MR
+    /// (or [`MemoryRegion::as_slice`] under that method's rules).
     pub unsafe fn reg_mr_raw(
         &self,
         addr: *mut u8,
