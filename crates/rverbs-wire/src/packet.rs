@@ -186,6 +186,37 @@ impl<'a> PacketRepr<'a> {
         Ok(())
     }
 
+    /// Writes everything but the payload for a packet carrying
+    /// `payload_len` bytes: headers (PadCnt set from `payload_len`), then
+    /// zero pad and four zero ICRC bytes after the payload's place, which is
+    /// `buf[header_len()..header_len() + payload_len]` and left for the
+    /// caller to fill (so payload can be copied once, straight from memory).
+    /// `self.payload` is ignored. Returns the packet's whole length.
+    pub fn emit_around_payload(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
+        let headers_only = PacketRepr {
+            payload: &[],
+            ..*self
+        };
+        headers_only.check_headers()?;
+        let info = self.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
+        if !info.has_payload && payload_len > 0 {
+            return Err(Error::UnexpectedPayload {
+                opcode: self.bth.opcode.0,
+                len: payload_len,
+            });
+        }
+        let header_len = self.header_len();
+        let pad = (4 - payload_len % 4) % 4;
+        let total = header_len + payload_len + pad + ICRC_LEN;
+        let got = buf.len();
+        let buf = buf
+            .get_mut(..total)
+            .ok_or(Error::Truncated { needed: total, got })?;
+        headers_only.emit_parts(buf, pad);
+        buf[header_len + payload_len..].fill(0);
+        Ok(total)
+    }
+
     /// Writes the packet into the start of `buf`: headers in wire order,
     /// payload, zero pad (PadCnt set from the payload length), and four zero
     /// bytes where the ICRC goes. Returns the bytes written
@@ -197,8 +228,19 @@ impl<'a> PacketRepr<'a> {
         let buf = buf
             .get_mut(..total)
             .ok_or(Error::Truncated { needed: total, got })?;
+        self.emit_parts(buf, self.pad_len());
+        let headers_end = self.header_len();
+        let end = headers_end + self.payload.len();
+        buf[headers_end..end].copy_from_slice(self.payload);
+        buf[end..].fill(0); // pad and the ICRC's place
+        Ok(total)
+    }
+
+    /// Writes BTH (with `pad` as PadCnt) and the extension headers into `buf`,
+    /// which is long enough (checked by the callers).
+    fn emit_parts(&self, buf: &mut [u8], pad: usize) {
         let mut bth = self.bth;
-        bth.pad_count = self.pad_len() as u8;
+        bth.pad_count = pad as u8;
         bth.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
         let mut at = BTH_LEN;
         let mut next = |len: usize| {
@@ -230,12 +272,7 @@ impl<'a> PacketRepr<'a> {
         if let Some(h) = self.ieth {
             h.emit(&mut Ieth::new_unchecked(&mut buf[next(h.buffer_len())]));
         }
-        let headers_end = self.header_len();
-        buf[at..headers_end].fill(0); // CNP's reserved bytes
-        let end = headers_end + self.payload.len();
-        buf[headers_end..end].copy_from_slice(self.payload);
-        buf[end..].fill(0); // pad and the ICRC's place
-        Ok(total)
+        buf[at..self.header_len()].fill(0); // CNP's reserved bytes
     }
 }
 
@@ -520,6 +557,30 @@ mod tests {
             msn: 3,
         });
         assert!(ack.to_string().contains("RNR-NAK 0.64ms msn 3"), "{ack}");
+    }
+
+    #[test]
+    fn emit_around_payload_leaves_the_payload_place() {
+        let mut p = bare(Opcode::RC_SEND_ONLY_WITH_IMMEDIATE);
+        p.imm_dt = Some(ImmDtRepr(9));
+        let mut buf = [0xeeu8; 64];
+        let n = p.emit_around_payload(5, &mut buf).unwrap();
+        assert_eq!(n, 12 + 4 + 5 + 3 + 4);
+        buf[16..21].copy_from_slice(b"hello");
+        p.payload = b"hello";
+        let mut want = [0u8; 28];
+        p.emit(&mut want).unwrap();
+        assert_eq!(&buf[..n], &want[..]);
+        assert!(bare(Opcode::RC_ACKNOWLEDGE)
+            .emit_around_payload(0, &mut buf)
+            .is_err());
+        let mut ack = bare(Opcode::RC_ACKNOWLEDGE);
+        ack.aeth = Some(AethRepr {
+            syndrome: Syndrome::Ack { credits: 31 },
+            msn: 0,
+        });
+        assert!(ack.emit_around_payload(4, &mut buf).is_err());
+        assert_eq!(ack.emit_around_payload(0, &mut buf), Ok(20));
     }
 
     #[test]
