@@ -59,6 +59,7 @@ pub mod resources;
 pub mod soft;
 mod verbs;
 pub mod wc;
+pub mod wr;
 
 pub use attr::{
     AccessFlags, AtomicCap, DeviceAttr, DeviceCapFlags, Gid, GidEntry, GidType, LinkLayer, Mtu,
@@ -76,3 +77,4 @@ pub use verbs::device::{add_device, device_by_name, devices, Device};
 pub use verbs::mr::{MemoryRegion, MrBuffer, Rereg};
 pub use verbs::pd::ProtectionDomain;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{Payload, QpState, RecvWr, SendFlags, SendWr, Sge, WrOpcode};

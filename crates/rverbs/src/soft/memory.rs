@@ -485,6 +485,23 @@ impl MrTable {
             .ok_or(AccessError::NoSuchKey(key))
     }
 
+    /// Checks an access to `[va, va+len)` through `key` without moving data.
+    pub(crate) fn check_access(
+        &self,
+        key: u32,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: Option<u64>,
+    ) -> Result<(), AccessError> {
+        let mr = self.lookup(key)?;
+        let state = mr.read();
+        if state.key != key {
+            return Err(AccessError::NoSuchKey(key));
+        }
+        state.check(va, len, kind, pd).map(|_| ())
+    }
+
     /// Looks `key` up, checks a reading access and runs `f` on the window
     /// while the MR cannot be written, deregistered or re-registered. `f`
     /// must not open another window.
@@ -537,6 +554,25 @@ impl MrTable {
             return Err(AccessError::NoSuchKey(key));
         }
         Ok(f(state.write_window(va, len, kind, pd)?))
+    }
+}
+
+#[cfg(test)]
+impl MrTable {
+    /// The owner's copy into an MR, for tests.
+    pub(crate) fn write_for_test(&self, key: u32, va: u64, data: &[u8]) {
+        self.write(key, va, data.len(), AccessKind::CpuWrite, None, |mut w| {
+            w.write_from(data);
+        })
+        .expect("test write in bounds");
+    }
+
+    /// The owner's copy out of an MR, for tests.
+    pub(crate) fn read_for_test(&self, key: u32, va: u64, out: &mut [u8]) {
+        self.read(key, va, out.len(), AccessKind::CpuRead, None, |w| {
+            w.read_into(out);
+        })
+        .expect("test read in bounds");
     }
 }
 

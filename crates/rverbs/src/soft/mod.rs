@@ -16,3 +16,4 @@ pub mod device;
 pub(crate) mod memory;
 pub(crate) mod notify;
 pub(crate) mod pd;
+pub(crate) mod transport;

@@ -1,0 +1,235 @@
+//! The transports as sans-IO state machines: no threads, no sockets, no
+//! clock. A queue pair takes posted work, incoming packets and "now", and
+//! gives back packets to send (written into the caller's buffer),
+//! completions, async events and the next timer deadline. The network
+//! engine drives it; tests drive it through a simulated lossy link.
+//!
+//! Registered memory is reached through [`Memory`], which the device's
+//! `MrTable` implements with its one access check.
+
+pub(crate) mod rc;
+#[cfg(test)]
+mod sim;
+
+use crate::attr::AccessFlags;
+use crate::event::AsyncEventType;
+use crate::soft::memory::{AccessError, AccessKind, MrTable};
+use crate::wc::WorkCompletion;
+use crate::wr::{Sge, WrOpcode};
+
+/// An atomic operation on 8 bytes of registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    CompareSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// Registered memory as the transport sees it: every access checked (key,
+/// PD, access flags, bounds) before a byte moves.
+pub(crate) trait Memory {
+    /// Checks an access without moving data.
+    fn check(
+        &self,
+        key: u32,
+        va: u64,
+        len: u64,
+        pd: u64,
+        kind: AccessKind,
+    ) -> Result<(), AccessError>;
+    /// Copies `dst.len()` bytes at `va` into `dst`.
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        dst: &mut [u8],
+    ) -> Result<(), AccessError>;
+    /// Copies `src` to `va`.
+    fn write(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        src: &[u8],
+    ) -> Result<(), AccessError>;
+    /// Runs an atomic on the 8 bytes at `va` (native byte order, as rxe);
+    /// returns the original value.
+    fn atomic(&self, key: u32, va: u64, pd: u64, op: AtomicOp) -> Result<u64, AccessError>;
+}
+
+impl Memory for MrTable {
+    fn check(
+        &self,
+        key: u32,
+        va: u64,
+        len: u64,
+        pd: u64,
+        kind: AccessKind,
+    ) -> Result<(), AccessError> {
+        self.check_access(key, va, len, kind, Some(pd))
+    }
+
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        dst: &mut [u8],
+    ) -> Result<(), AccessError> {
+        MrTable::read(self, key, va, dst.len(), kind, Some(pd), |w| {
+            w.read_into(dst);
+        })
+    }
+
+    fn write(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        src: &[u8],
+    ) -> Result<(), AccessError> {
+        MrTable::write(self, key, va, src.len(), kind, Some(pd), |mut w| {
+            w.write_from(src);
+        })
+    }
+
+    fn atomic(&self, key: u32, va: u64, pd: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        MrTable::write(
+            self,
+            key,
+            va,
+            8,
+            AccessKind::RemoteAtomic,
+            Some(pd),
+            |mut w| {
+                let mut b = [0u8; 8];
+                w.read_into(&mut b);
+                let old = u64::from_ne_bytes(b);
+                let new = match op {
+                    AtomicOp::CompareSwap { compare, swap } if old == compare => swap,
+                    AtomicOp::CompareSwap { .. } => old,
+                    AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+                };
+                w.write_from(&new.to_ne_bytes());
+                old
+            },
+        )
+    }
+}
+
+/// Where a send WQE's bytes come from.
+#[derive(Debug, Clone)]
+pub(crate) enum WqeData {
+    /// Gathered from registered memory when each packet is built.
+    Sges(Vec<Sge>),
+    /// Copied at post time.
+    Inline(Box<[u8]>),
+}
+
+/// A posted send work request, owned by the QP until it completes.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: WrOpcode,
+    pub(crate) data: WqeData,
+    /// Bytes of data (READ: to read; atomics: 8).
+    pub(crate) length: u32,
+    pub(crate) signaled: bool,
+    pub(crate) solicited: bool,
+    pub(crate) fence: bool,
+}
+
+/// A posted receive work request.
+#[derive(Debug, Clone)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+    /// Total bytes the scatter list holds.
+    pub(crate) length: u64,
+}
+
+/// What a QP reports to the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum QpEvent {
+    /// A send WR completed (to the send CQ).
+    SendCompletion(WorkCompletion),
+    /// A receive WR completed (to the receive CQ); `solicited` for the
+    /// solicited-only CQ arm.
+    RecvCompletion(WorkCompletion, bool),
+    /// An affiliated async event for this QP.
+    Async(AsyncEventType),
+}
+
+/// Copies `dst.len()` bytes starting `offset` bytes into the data described
+/// by `sges` (each checked with `kind` against `pd`).
+pub(crate) fn gather(
+    mem: &dyn Memory,
+    pd: u64,
+    sges: &[Sge],
+    mut offset: u64,
+    mut dst: &mut [u8],
+) -> Result<(), AccessError> {
+    for sge in sges {
+        if dst.is_empty() {
+            break;
+        }
+        let len = u64::from(sge.length);
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = (len - offset).min(dst.len() as u64) as usize;
+        let (head, rest) = dst.split_at_mut(n);
+        mem.read(sge.lkey, sge.addr + offset, pd, AccessKind::LocalRead, head)?;
+        dst = rest;
+        offset = 0;
+    }
+    Ok(())
+}
+
+/// Copies `src` into the scatter list `sges`, starting `offset` bytes in.
+/// The caller checked that the list holds `offset + src.len()` bytes.
+pub(crate) fn scatter(
+    mem: &dyn Memory,
+    pd: u64,
+    sges: &[Sge],
+    mut offset: u64,
+    mut src: &[u8],
+) -> Result<(), AccessError> {
+    for sge in sges {
+        if src.is_empty() {
+            break;
+        }
+        let len = u64::from(sge.length);
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = (len - offset).min(src.len() as u64) as usize;
+        let (head, rest) = src.split_at(n);
+        mem.write(
+            sge.lkey,
+            sge.addr + offset,
+            pd,
+            AccessKind::LocalWrite,
+            head,
+        )?;
+        src = rest;
+        offset = 0;
+    }
+    Ok(())
+}
+
+/// The QP access flags that allow incoming requests of each kind.
+pub(crate) fn qp_allows(access: AccessFlags, kind: AccessKind) -> bool {
+    match kind {
+        AccessKind::RemoteRead => access.contains(AccessFlags::REMOTE_READ),
+        AccessKind::RemoteWrite => access.contains(AccessFlags::REMOTE_WRITE),
+        AccessKind::RemoteAtomic => access.contains(AccessFlags::REMOTE_ATOMIC),
+        _ => true,
+    }
+}

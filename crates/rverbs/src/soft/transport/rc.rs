@@ -1,0 +1,850 @@
+//! Reliable Connected: the requester (segmentation, PSN window, AckReq
+//! pacing, go-back-N retransmission on timeout or NAK, RNR waits), the
+//! completer (cumulative ACKs, READ responses, atomic ACKs, completions in
+//! order) and the responder (PSN checks with one NAK per gap, duplicate
+//! re-ACKs, READ and atomic replay from saved resources, RNR NAKs, every
+//! remote access checked, coalesced ACKs), following IBTA vol. 1 ch. 9 as
+//! the Linux rxe driver implements it.
+//!
+//! Nothing here sleeps or touches a socket: see the module docs of
+//! [`super`].
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rverbs_wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, ImmDtRepr, Opcode, Operation, PacketRepr,
+    Position, Psn, RethRepr, RnrTimer, Syndrome, Transport,
+};
+
+use super::{gather, Memory, QpEvent, RecvWqe, SendWqe, WqeData};
+use crate::attr::AccessFlags;
+use crate::event::AsyncEventType;
+use crate::soft::memory::AccessKind;
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::{QpState, WrOpcode};
+
+/// Most PSNs a requester has in flight unacknowledged.
+pub(crate) const WINDOW: u32 = 2048;
+/// A requester asks for an ACK at least this often within a long message.
+pub(crate) const ACK_EVERY: u32 = 64;
+/// The credit code in every ACK: no end-to-end flow control credits (as rxe).
+const CREDITS: Syndrome = Syndrome::Ack {
+    credits: Syndrome::CREDITS_UNLIMITED,
+};
+
+/// The transport parameters of an RC QP, set by modify_qp.
+#[derive(Debug, Clone)]
+pub(crate) struct RcConfig {
+    pub(crate) qpn: u32,
+    pub(crate) dest_qpn: u32,
+    /// The QP's PD: every local and remote access must be in it.
+    pub(crate) pd: u64,
+    /// Path MTU in bytes.
+    pub(crate) mtu: u32,
+    pub(crate) sq_psn: Psn,
+    pub(crate) rq_psn: Psn,
+    /// Local ACK timeout (`None`: wait for ever, timeout attribute 0).
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry_cnt: u8,
+    /// 7 retries for ever.
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: RnrTimer,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    /// What peers may do to this QP's memory (`qp_access_flags`).
+    pub(crate) access: AccessFlags,
+    pub(crate) pkey: u16,
+}
+
+impl RcConfig {
+    /// The retransmission timeout for the `timeout` attribute: 4.096 µs × 2^t.
+    pub(crate) fn timeout_for(t: u8) -> Option<Duration> {
+        (t != 0).then(|| Duration::from_nanos(4096u64 << t.min(31)))
+    }
+}
+
+/// A send WQE with its place in the PSN space.
+#[derive(Debug)]
+struct SqEntry {
+    wqe: SendWqe,
+    first_psn: Psn,
+    /// PSNs the WQE spans: request packets, or READ response packets.
+    npkts: u32,
+    /// A packet of it went out at least once.
+    started: bool,
+    /// READ: response packets placed so far.
+    read_next: u32,
+    /// Set once the WQE completed; it leaves the queue in order.
+    status: Option<WcStatus>,
+}
+
+impl SqEntry {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts - 1)
+    }
+
+    fn is_read(&self) -> bool {
+        matches!(self.wqe.op, WrOpcode::RdmaRead { .. })
+    }
+
+    fn is_rd_atomic(&self) -> bool {
+        matches!(
+            self.wqe.op,
+            WrOpcode::RdmaRead { .. }
+                | WrOpcode::AtomicCmpAndSwp { .. }
+                | WrOpcode::AtomicFetchAndAdd { .. }
+        )
+    }
+
+    /// The first PSN the requester still has to (re)send for this WQE.
+    fn resume_psn(&self) -> Psn {
+        if self.is_read() {
+            self.first_psn.add(self.read_next)
+        } else {
+            self.first_psn
+        }
+    }
+}
+
+/// The incoming message a responder is in the middle of.
+#[derive(Debug)]
+enum Inbound {
+    Send {
+        wqe: RecvWqe,
+        offset: u64,
+    },
+    Write {
+        rkey: u32,
+        va: u64,
+        total: u32,
+        done: u32,
+    },
+}
+
+/// A saved READ or atomic, to answer duplicates without re-executing.
+#[derive(Debug, Clone, Copy)]
+enum Resource {
+    Read {
+        first_psn: Psn,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// A packet (or stream of READ response packets) the responder owes.
+#[derive(Debug, Clone, Copy)]
+enum Response {
+    Ack {
+        psn: Psn,
+        msn: u32,
+    },
+    Nak {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    Read {
+        first_psn: Psn,
+        k: u32,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// Where packet `k` of `n` sits in its message.
+fn position(k: u32, n: u32) -> Position {
+    match (k, n) {
+        (_, 1) => Position::Only,
+        (0, _) => Position::First,
+        (k, n) if k + 1 == n => Position::Last,
+        _ => Position::Middle,
+    }
+}
+
+fn send_opcode(pos: Position, imm: bool) -> Opcode {
+    match (pos, imm) {
+        (Position::First, _) => Opcode::RC_SEND_FIRST,
+        (Position::Middle, _) => Opcode::RC_SEND_MIDDLE,
+        (Position::Last, false) => Opcode::RC_SEND_LAST,
+        (Position::Last, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+        (Position::Only, false) => Opcode::RC_SEND_ONLY,
+        (Position::Only, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+    }
+}
+
+fn write_opcode(pos: Position, imm: bool) -> Opcode {
+    match (pos, imm) {
+        (Position::First, _) => Opcode::RC_RDMA_WRITE_FIRST,
+        (Position::Middle, _) => Opcode::RC_RDMA_WRITE_MIDDLE,
+        (Position::Last, false) => Opcode::RC_RDMA_WRITE_LAST,
+        (Position::Last, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        (Position::Only, false) => Opcode::RC_RDMA_WRITE_ONLY,
+        (Position::Only, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+    }
+}
+
+fn read_response_opcode(pos: Position) -> Opcode {
+    match pos {
+        Position::First => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        Position::Middle => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        Position::Last => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        Position::Only => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+    }
+}
+
+/// Packets a message of `len` bytes needs at `mtu` (at least one).
+fn packets_for(len: u32, mtu: u32) -> u32 {
+    len.div_ceil(mtu).max(1)
+}
+
+/// Why a responder refuses a request.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// Malformed or unsupported request: NAK invalid request, QP_REQ_ERR.
+    InvalidRequest,
+    /// Key, bounds, rights or PD: NAK remote access error, QP_ACCESS_ERR.
+    Access,
+    /// The receive WR cannot take the message: it completes with `status`
+    /// (LOC_LEN_ERR: too small, NAK invalid request, as rxe; LOC_PROT_ERR: a
+    /// bad scatter list, NAK remote operational error).
+    RecvBuffer(WcStatus),
+}
+
+/// One RC queue pair's transport state.
+pub(crate) struct RcQp {
+    cfg: RcConfig,
+    state: QpState,
+    // requester
+    sq: VecDeque<SqEntry>,
+    /// PSN the next posted WQE starts at.
+    next_psn: Psn,
+    /// Oldest PSN not yet acknowledged.
+    una: Psn,
+    /// Next PSN to transmit (behind `next_psn` while work is pending).
+    tx_psn: Psn,
+    rd_atomic_inflight: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    retransmit_at: Option<Instant>,
+    rnr_until: Option<Instant>,
+    /// In SQD: report SQ_DRAINED once the send queue is empty.
+    notify_drained: bool,
+    // responder
+    epsn: Psn,
+    msn: u32,
+    rq: VecDeque<RecvWqe>,
+    inbound: Option<Inbound>,
+    resources: VecDeque<Resource>,
+    responses: VecDeque<Response>,
+    nak_seq_sent: bool,
+    /// Whether any packet arrived yet (for COMM_EST in RTR).
+    heard_from_peer: bool,
+    events: VecDeque<QpEvent>,
+}
+
+impl RcQp {
+    /// A QP in INIT with `cfg`'s identity; the rest of `cfg` is set by
+    /// [`to_rtr`](Self::to_rtr) and [`to_rts`](Self::to_rts).
+    pub(crate) fn new(cfg: RcConfig) -> RcQp {
+        RcQp {
+            next_psn: cfg.sq_psn,
+            una: cfg.sq_psn,
+            tx_psn: cfg.sq_psn,
+            epsn: cfg.rq_psn,
+            retry_left: cfg.retry_cnt,
+            rnr_left: cfg.rnr_retry,
+            cfg,
+            state: QpState::Init,
+            sq: VecDeque::new(),
+            rd_atomic_inflight: 0,
+            retransmit_at: None,
+            rnr_until: None,
+            notify_drained: false,
+            msn: 0,
+            rq: VecDeque::new(),
+            inbound: None,
+            resources: VecDeque::new(),
+            responses: VecDeque::new(),
+            nak_seq_sent: false,
+            heard_from_peer: false,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The current configuration.
+    pub(crate) fn config(&self) -> &RcConfig {
+        &self.cfg
+    }
+
+    /// Mutable configuration, for attributes modify_qp may change in place
+    /// (access flags, timers, retry counts).
+    pub(crate) fn config_mut(&mut self) -> &mut RcConfig {
+        &mut self.cfg
+    }
+
+    /// The QP state.
+    pub(crate) fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// INIT → RTR: the responder starts at `cfg.rq_psn`.
+    pub(crate) fn to_rtr(&mut self, cfg: RcConfig) {
+        self.epsn = cfg.rq_psn;
+        self.cfg = cfg;
+        self.state = QpState::Rtr;
+    }
+
+    /// RTR → RTS: the requester starts at `cfg.sq_psn`.
+    pub(crate) fn to_rts(&mut self, cfg: RcConfig) {
+        self.next_psn = cfg.sq_psn;
+        self.una = cfg.sq_psn;
+        self.tx_psn = cfg.sq_psn;
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+        self.cfg = cfg;
+        self.state = QpState::Rts;
+    }
+
+    /// RTS ↔ SQD. Entering SQD with `notify`, SQ_DRAINED follows once every
+    /// started send WR completed.
+    pub(crate) fn set_sq_drain(&mut self, drain: bool, notify: bool) {
+        self.state = if drain { QpState::Sqd } else { QpState::Rts };
+        self.notify_drained = drain && notify;
+        self.check_drained();
+    }
+
+    /// Send WRs waiting or in flight.
+    pub(crate) fn sq_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receive WRs posted and not yet consumed.
+    pub(crate) fn rq_len(&self) -> usize {
+        self.rq.len() + usize::from(matches!(self.inbound, Some(Inbound::Send { .. })))
+    }
+
+    /// Queues a send WR. In ERR it completes at once with a flush error.
+    pub(crate) fn post_send(&mut self, wqe: SendWqe) {
+        let npkts = match wqe.op {
+            WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. } => 1,
+            _ => packets_for(wqe.length, self.cfg.mtu),
+        };
+        let entry = SqEntry {
+            wqe,
+            first_psn: self.next_psn,
+            npkts,
+            started: false,
+            read_next: 0,
+            status: None,
+        };
+        if self.state == QpState::Err {
+            self.events.push_back(QpEvent::SendCompletion(
+                self.send_wc(&entry, WcStatus::WrFlushErr),
+            ));
+            return;
+        }
+        self.next_psn = self.next_psn.add(npkts);
+        self.sq.push_back(entry);
+    }
+
+    /// Queues a receive WR. In ERR it completes at once with a flush error.
+    pub(crate) fn post_recv(&mut self, wqe: RecvWqe) {
+        if self.state == QpState::Err {
+            self.events
+                .push_back(QpEvent::RecvCompletion(self.recv_flush_wc(&wqe), false));
+            return;
+        }
+        self.rq.push_back(wqe);
+    }
+
+    /// The next completion or event for the engine.
+    pub(crate) fn poll_event(&mut self) -> Option<QpEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) wants to run next.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        match (self.retransmit_at, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether `poll_transmit` may have something to send.
+    pub(crate) fn wants_transmit(&self) -> bool {
+        !self.responses.is_empty()
+            || (matches!(self.state, QpState::Rts | QpState::Sqd)
+                && self.tx_psn != self.next_psn
+                && self.rnr_until.is_none())
+    }
+
+    // ---- errors ----------------------------------------------------------
+
+    fn send_wc(&self, e: &SqEntry, status: WcStatus) -> WorkCompletion {
+        let (opcode, byte_len) = match e.wqe.op {
+            WrOpcode::Send | WrOpcode::SendWithImm { .. } => (WcOpcode::Send, 0),
+            WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => {
+                (WcOpcode::RdmaWrite, 0)
+            }
+            WrOpcode::RdmaRead { .. } => (WcOpcode::RdmaRead, e.wqe.length),
+            WrOpcode::AtomicCmpAndSwp { .. } => (WcOpcode::CompSwap, 8),
+            WrOpcode::AtomicFetchAndAdd { .. } => (WcOpcode::FetchAdd, 8),
+        };
+        WorkCompletion {
+            wr_id: e.wqe.wr_id,
+            status,
+            opcode,
+            byte_len: if status == WcStatus::Success {
+                byte_len
+            } else {
+                0
+            },
+            qp_num: self.cfg.qpn,
+            src_qp: self.cfg.dest_qpn,
+            ..Default::default()
+        }
+    }
+
+    fn recv_flush_wc(&self, wqe: &RecvWqe) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: wqe.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: self.cfg.qpn,
+            src_qp: self.cfg.dest_qpn,
+            ..Default::default()
+        }
+    }
+
+    /// Moves the QP to ERR: the failed send WR (if any, at the head of the
+    /// queue) completes with its status, every other send and receive WR
+    /// with a flush error. Responses already queued (the NAK that explains
+    /// the error) still go out.
+    pub(crate) fn enter_error(&mut self) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        self.retransmit_at = None;
+        self.rnr_until = None;
+        while let Some(e) = self.sq.pop_front() {
+            let status = e.status.unwrap_or(WcStatus::WrFlushErr);
+            // Successful ones completed earlier would have left the queue.
+            let wc = self.send_wc(&e, status);
+            if status != WcStatus::Success || e.wqe.signaled {
+                self.events.push_back(QpEvent::SendCompletion(wc));
+            }
+        }
+        if let Some(Inbound::Send { wqe, .. }) = self.inbound.take() {
+            let wc = self.recv_flush_wc(&wqe);
+            self.events.push_back(QpEvent::RecvCompletion(wc, false));
+        }
+        while let Some(wqe) = self.rq.pop_front() {
+            let wc = self.recv_flush_wc(&wqe);
+            self.events.push_back(QpEvent::RecvCompletion(wc, false));
+        }
+        self.tx_psn = self.next_psn;
+    }
+
+    /// Completes the WR at the head of the send queue with an error and
+    /// moves to ERR.
+    fn fail_head(&mut self, status: WcStatus) {
+        if let Some(head) = self.sq.front_mut() {
+            head.status = Some(status);
+        }
+        self.enter_error();
+    }
+
+    // ---- transmit ---------------------------------------------------------
+
+    /// Writes the next packet to send into `buf` (at least
+    /// `header room + MTU` bytes) and returns its length, or `None` when
+    /// nothing is due. The ICRC field is left zero for the engine.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if let Some(n) = self.transmit_response(mem, buf) {
+            return Some(n);
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        if let Some(until) = self.rnr_until {
+            if now < until {
+                return None;
+            }
+            self.rnr_until = None;
+        }
+        loop {
+            if self.tx_psn == self.next_psn || self.una.distance_to(self.tx_psn) >= WINDOW {
+                return None;
+            }
+            let idx = self
+                .sq
+                .iter()
+                .position(|e| e.first_psn.distance_to(self.tx_psn) < e.npkts && e.status.is_none());
+            let Some(idx) = idx else {
+                // Everything from tx_psn on already completed (e.g. after a rewind).
+                self.tx_psn = self.next_psn;
+                return None;
+            };
+            match self.transmit_request(idx, now, mem, buf) {
+                Transmit::Sent(n) => return Some(n),
+                Transmit::Blocked => return None,
+                Transmit::Failed => {
+                    if self.state == QpState::Err {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn transmit_request(
+        &mut self,
+        idx: usize,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Transmit {
+        let mtu = self.cfg.mtu;
+        let e = &self.sq[idx];
+        // In SQD no WR that has not started may start.
+        if self.state == QpState::Sqd && !e.started {
+            return Transmit::Blocked;
+        }
+        let k = e.first_psn.distance_to(self.tx_psn);
+        let mut bth = BthRepr::new(Opcode::RC_SEND_ONLY, self.cfg.dest_qpn, self.tx_psn);
+        bth.pkey = self.cfg.pkey;
+        let mut p = PacketRepr::new(bth);
+        let mut payload = None;
+        let mut next_tx = self.tx_psn.next();
+        match e.wqe.op {
+            WrOpcode::RdmaRead { remote_addr, rkey } => {
+                if !e.started && !self.may_issue_rd_atomic(idx) {
+                    return Transmit::Blocked;
+                }
+                let offset = e.read_next * mtu;
+                p.bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                p.bth.psn = e.first_psn.add(e.read_next);
+                p.reth = Some(RethRepr {
+                    va: remote_addr.wrapping_add(u64::from(offset)),
+                    rkey,
+                    dma_len: e.wqe.length - offset.min(e.wqe.length),
+                });
+                p.bth.ack_req = true;
+                next_tx = e.first_psn.add(e.npkts);
+            }
+            WrOpcode::AtomicCmpAndSwp {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                if !e.started && !self.may_issue_rd_atomic(idx) {
+                    return Transmit::Blocked;
+                }
+                p.bth.opcode = Opcode::RC_COMPARE_SWAP;
+                p.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                p.bth.ack_req = true;
+            }
+            WrOpcode::AtomicFetchAndAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                if !e.started && !self.may_issue_rd_atomic(idx) {
+                    return Transmit::Blocked;
+                }
+                p.bth.opcode = Opcode::RC_FETCH_ADD;
+                p.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                p.bth.ack_req = true;
+            }
+            op => {
+                if k == 0 && e.wqe.fence && self.fence_blocks(idx) {
+                    return Transmit::Blocked;
+                }
+                let pos = position(k, e.npkts);
+                let offset = k * mtu;
+                let len = mtu.min(e.wqe.length - offset);
+                let imm = match op {
+                    WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. } => {
+                        Some(imm)
+                    }
+                    _ => None,
+                };
+                match op {
+                    WrOpcode::RdmaWrite { remote_addr, rkey }
+                    | WrOpcode::RdmaWriteWithImm {
+                        remote_addr, rkey, ..
+                    } => {
+                        p.bth.opcode = write_opcode(pos, imm.is_some());
+                        if pos.starts_message() {
+                            p.reth = Some(RethRepr {
+                                va: remote_addr,
+                                rkey,
+                                dma_len: e.wqe.length,
+                            });
+                        }
+                    }
+                    _ => p.bth.opcode = send_opcode(pos, imm.is_some()),
+                }
+                if pos.ends_message() {
+                    p.imm_dt = imm.map(ImmDtRepr);
+                    p.bth.solicited = e.wqe.solicited;
+                    p.bth.ack_req = true;
+                } else {
+                    p.bth.ack_req = (k + 1) % ACK_EVERY == 0;
+                }
+                payload = Some((offset, len));
+            }
+        }
+        let (offset, len) = payload.unwrap_or((0, 0));
+        let Ok(total) = p.emit_around_payload(len as usize, buf) else {
+            return Transmit::Blocked;
+        };
+        if len > 0 {
+            let start = p.header_len();
+            let dst = &mut buf[start..start + len as usize];
+            let copied = match &e.wqe.data {
+                WqeData::Inline(data) => {
+                    dst.copy_from_slice(&data[offset as usize..(offset + len) as usize]);
+                    Ok(())
+                }
+                WqeData::Sges(sges) => gather(mem, self.cfg.pd, sges, u64::from(offset), dst),
+            };
+            if copied.is_err() {
+                self.fail_at(idx, WcStatus::LocProtErr);
+                return Transmit::Failed;
+            }
+        }
+        let e = &mut self.sq[idx];
+        if !e.started {
+            e.started = true;
+            if e.is_rd_atomic() {
+                self.rd_atomic_inflight += 1;
+            }
+        }
+        self.tx_psn = next_tx;
+        if self.retransmit_at.is_none() {
+            self.retransmit_at = self.cfg.timeout.map(|t| now + t);
+        }
+        Transmit::Sent(total)
+    }
+
+    /// Completes send WR `idx` with `status` (a local error) and moves to ERR.
+    fn fail_at(&mut self, idx: usize, status: WcStatus) {
+        // WRs before it that were acknowledged completed already; those still
+        // in flight are flushed along with it, in order.
+        self.sq[idx].status = Some(status);
+        for e in self.sq.iter_mut().take(idx) {
+            e.status.get_or_insert(WcStatus::WrFlushErr);
+        }
+        self.enter_error();
+    }
+
+    fn may_issue_rd_atomic(&self, idx: usize) -> bool {
+        self.rd_atomic_inflight < u32::from(self.cfg.max_rd_atomic.max(1))
+            && !(self.sq[idx].wqe.fence && self.fence_blocks(idx))
+    }
+
+    /// A fenced WR waits for every earlier READ and atomic to complete.
+    fn fence_blocks(&self, idx: usize) -> bool {
+        self.sq
+            .iter()
+            .take(idx)
+            .any(|e| e.is_rd_atomic() && e.status.is_none())
+    }
+
+    fn transmit_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+        let r = *self.responses.front()?;
+        let mut bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, self.cfg.dest_qpn, Psn::new(0));
+        bth.pkey = self.cfg.pkey;
+        let mut p = PacketRepr::new(bth);
+        let n = match r {
+            Response::Ack { psn, msn } => {
+                p.bth.psn = psn;
+                p.aeth = Some(AethRepr {
+                    syndrome: CREDITS,
+                    msn,
+                });
+                self.responses.pop_front();
+                p.emit(buf).ok()?
+            }
+            Response::Nak { psn, syndrome, msn } => {
+                p.bth.psn = psn;
+                p.aeth = Some(AethRepr { syndrome, msn });
+                self.responses.pop_front();
+                p.emit(buf).ok()?
+            }
+            Response::Atomic { psn, orig, msn } => {
+                p.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
+                p.bth.psn = psn;
+                p.aeth = Some(AethRepr {
+                    syndrome: CREDITS,
+                    msn,
+                });
+                p.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                self.responses.pop_front();
+                p.emit(buf).ok()?
+            }
+            Response::Read {
+                first_psn,
+                k,
+                npkts,
+                va,
+                rkey,
+                len,
+                msn,
+            } => {
+                let mtu = self.cfg.mtu;
+                let pos = position(k, npkts);
+                let offset = k * mtu;
+                let plen = mtu.min(len - offset.min(len));
+                p.bth.opcode = read_response_opcode(pos);
+                p.bth.psn = first_psn.add(k);
+                if matches!(pos, Position::First | Position::Last | Position::Only) {
+                    p.aeth = Some(AethRepr {
+                        syndrome: CREDITS,
+                        msn,
+                    });
+                }
+                let total = p.emit_around_payload(plen as usize, buf).ok()?;
+                let start = p.header_len();
+                let va = va.wrapping_add(u64::from(offset));
+                let read = mem.read(
+                    rkey,
+                    va,
+                    self.cfg.pd,
+                    AccessKind::RemoteRead,
+                    &mut buf[start..start + plen as usize],
+                );
+                if read.is_err() {
+                    // The MR went away after the request was checked.
+                    self.responses.pop_front();
+                    self.refuse(p.bth.psn, Refusal::Access);
+                    return self.transmit_response(mem, buf);
+                }
+                if k + 1 == npkts {
+                    self.responses.pop_front();
+                } else if let Some(Response::Read { k, .. }) = self.responses.front_mut() {
+                    *k += 1;
+                }
+                total
+            }
+        };
+        Some(n)
+    }
+
+    // ---- receive ----------------------------------------------------------
+
+    /// Handles a packet for this QP (already ICRC-checked and parsed).
+    pub(crate) fn handle_packet(&mut self, pkt: &PacketRepr<'_>, now: Instant, mem: &dyn Memory) {
+        let Some(info) = pkt.info() else { return };
+        if info.transport != Transport::Rc || pkt.bth.dest_qp != self.cfg.qpn {
+            return;
+        }
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Err => return,
+            _ => {}
+        }
+        if self.state == QpState::Rtr && !self.heard_from_peer {
+            self.events
+                .push_back(QpEvent::Async(AsyncEventType::CommEst));
+        }
+        self.heard_from_peer = true;
+        match info.operation {
+            Operation::Send
+            | Operation::RdmaWrite
+            | Operation::RdmaReadRequest
+            | Operation::CompareSwap
+            | Operation::FetchAdd => self.handle_request(pkt, info.position, mem),
+            Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse => {
+                if matches!(self.state, QpState::Rts | QpState::Sqd) {
+                    self.handle_response(pkt, info.position, now, mem);
+                }
+            }
+            Operation::Cnp => {}
+        }
+    }
+
+    // ---- timers -----------------------------------------------------------
+
+    /// Runs expired timers: retransmission (go back to the oldest
+    /// unacknowledged PSN, or RETRY_EXC_ERR) and the RNR wait.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if self.rnr_until.is_some_and(|t| t <= now) {
+            self.rnr_until = None;
+        }
+        let Some(at) = self.retransmit_at else { return };
+        if at > now {
+            return;
+        }
+        if self.una == self.tx_psn && self.una == self.next_psn {
+            self.retransmit_at = None;
+            return;
+        }
+        if self.retry_left == 0 {
+            self.fail_head(WcStatus::RetryExcErr);
+            return;
+        }
+        self.retry_left -= 1;
+        self.rewind();
+        self.retransmit_at = self.cfg.timeout.map(|t| now + t);
+    }
+
+    /// Go back N: resend from the oldest unacknowledged PSN.
+    fn rewind(&mut self) {
+        self.tx_psn = match self.sq.iter().find(|e| e.status.is_none()) {
+            Some(e) if e.is_read() => e.resume_psn(),
+            Some(e) if e.first_psn.is_before(self.una) => self.una,
+            Some(e) => e.first_psn,
+            None => self.next_psn,
+        };
+    }
+
+    fn check_drained(&mut self) {
+        if self.state == QpState::Sqd && self.notify_drained && self.sq.is_empty() {
+            self.notify_drained = false;
+            self.events
+                .push_back(QpEvent::Async(AsyncEventType::SqDrained));
+        }
+    }
+}
+
+enum Transmit {
+    Sent(usize),
+    Blocked,
+    Failed,
+}
+
+mod completer;
+mod responder;

@@ -1,0 +1,210 @@
+//! Work requests (`struct ibv_send_wr`, `struct ibv_recv_wr`, `struct
+//! ibv_sge`) and queue pair states, as the verbs take them.
+
+use bitflags::bitflags;
+
+/// One piece of a gather or scatter list: `length` bytes at `addr` of the MR
+/// whose lkey is `lkey` (`struct ibv_sge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Sge {
+    /// Address of the first byte (in the MR's iova space).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// The MR's local key.
+    pub lkey: u32,
+}
+
+bitflags! {
+    /// `enum ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for earlier RDMA READs and atomics to complete first.
+        const FENCE = 1;
+        /// Generate a completion (always on with `sq_sig_all`).
+        const SIGNALED = 1 << 1;
+        /// Set the solicited-event bit: the receiver's CQ fires a
+        /// solicited-only notification.
+        const SOLICITED = 1 << 2;
+        /// The payload is copied into the work request at post time
+        /// (use [`Payload::Inline`]).
+        const INLINE = 1 << 3;
+        /// Offload the IP checksum (UD over Ethernet; accepted and ignored).
+        const IP_CSUM = 1 << 4;
+    }
+}
+
+/// What a send work request does, with its operation's arguments
+/// (`ibv_wr_opcode` and the matching union member of `ibv_send_wr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WrOpcode {
+    /// SEND: the payload lands in the peer's next receive WR.
+    Send,
+    /// SEND with 32 bits of immediate data for the receiver's completion.
+    SendWithImm {
+        /// The immediate value.
+        imm: u32,
+    },
+    /// RDMA WRITE into the peer's memory.
+    RdmaWrite {
+        /// Remote address.
+        remote_addr: u64,
+        /// The remote MR's rkey.
+        rkey: u32,
+    },
+    /// RDMA WRITE that also consumes a receive WR, which completes with `imm`.
+    RdmaWriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// The remote MR's rkey.
+        rkey: u32,
+        /// The immediate value.
+        imm: u32,
+    },
+    /// RDMA READ from the peer's memory into the local scatter list.
+    RdmaRead {
+        /// Remote address.
+        remote_addr: u64,
+        /// The remote MR's rkey.
+        rkey: u32,
+    },
+    /// Atomic compare-and-swap of the 8 bytes at `remote_addr`; the original
+    /// value lands in the (8-byte) local buffer.
+    AtomicCmpAndSwp {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// The remote MR's rkey.
+        rkey: u32,
+        /// Swap only if the value equals this.
+        compare: u64,
+        /// The new value.
+        swap: u64,
+    },
+    /// Atomic fetch-and-add on the 8 bytes at `remote_addr`; the original
+    /// value lands in the (8-byte) local buffer.
+    AtomicFetchAndAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// The remote MR's rkey.
+        rkey: u32,
+        /// What to add.
+        add: u64,
+    },
+}
+
+/// Where a send work request's data comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// Gathered from registered memory at transmission time.
+    Sges(&'a [Sge]),
+    /// Copied into the work request at post time (`IBV_SEND_INLINE`); at
+    /// most the QP's `max_inline_data` bytes.
+    Inline(&'a [u8]),
+}
+
+/// A send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub opcode: WrOpcode,
+    /// The data (for READ and atomics: where the result lands).
+    pub payload: Payload<'a>,
+    /// Flags.
+    pub flags: SendFlags,
+}
+
+impl<'a> SendWr<'a> {
+    /// A work request for `opcode` over `sges`, not signaled.
+    pub fn new(wr_id: u64, opcode: WrOpcode, sges: &'a [Sge]) -> Self {
+        SendWr {
+            wr_id,
+            opcode,
+            payload: Payload::Sges(sges),
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// A work request for `opcode` carrying `data` inline.
+    pub fn inline(wr_id: u64, opcode: WrOpcode, data: &'a [u8]) -> Self {
+        SendWr {
+            wr_id,
+            opcode,
+            payload: Payload::Inline(data),
+            flags: SendFlags::INLINE,
+        }
+    }
+
+    /// The same, generating a completion.
+    pub fn signaled(mut self) -> Self {
+        self.flags |= SendFlags::SIGNALED;
+        self
+    }
+
+    /// The same, with the solicited-event bit.
+    pub fn solicited(mut self) -> Self {
+        self.flags |= SendFlags::SOLICITED;
+        self
+    }
+
+    /// The same, fenced behind earlier READs and atomics.
+    pub fn fenced(mut self) -> Self {
+        self.flags |= SendFlags::FENCE;
+        self
+    }
+}
+
+/// A receive work request: where an incoming SEND's payload lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The scatter list.
+    pub sg_list: &'a [Sge],
+}
+
+impl<'a> RecvWr<'a> {
+    /// A receive work request over `sges`.
+    pub fn new(wr_id: u64, sges: &'a [Sge]) -> Self {
+        RecvWr {
+            wr_id,
+            sg_list: sges,
+        }
+    }
+}
+
+/// `enum ibv_qp_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum QpState {
+    /// Just created; nothing happens.
+    Reset = 0,
+    /// Receive WRs may be posted; packets are dropped.
+    Init = 1,
+    /// Ready to receive.
+    Rtr = 2,
+    /// Ready to send.
+    Rts = 3,
+    /// Send queue drain: no new send WRs start.
+    Sqd = 4,
+    /// Send queue error (UC/UD).
+    Sqe = 5,
+    /// Error: every WR completes with a flush error.
+    Err = 6,
+}
+
+impl QpState {
+    /// The name `ibv_qp_state_str`-style tools print.
+    pub fn name(self) -> &'static str {
+        match self {
+            QpState::Reset => "RESET",
+            QpState::Init => "INIT",
+            QpState::Rtr => "RTR",
+            QpState::Rts => "RTS",
+            QpState::Sqd => "SQD",
+            QpState::Sqe => "SQE",
+            QpState::Err => "ERR",
+        }
+    }
+}
