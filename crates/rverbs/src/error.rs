@@ -63,6 +63,20 @@ pub enum Verb {
     MrWrite,
     /// `ibv_get_async_event`.
     GetAsyncEvent,
+    /// `ibv_create_qp`.
+    CreateQp,
+    /// `ibv_modify_qp`.
+    ModifyQp,
+    /// `ibv_query_qp`.
+    QueryQp,
+    /// `ibv_destroy_qp`.
+    DestroyQp,
+    /// `ibv_post_send`.
+    PostSend,
+    /// `ibv_post_recv`.
+    PostRecv,
+    /// Exchanging connection data with a peer (`rverbs::cm`).
+    Connect,
 }
 
 impl Verb {
@@ -92,6 +106,13 @@ impl Verb {
             Verb::MrRead => "MemoryRegion::read_at",
             Verb::MrWrite => "MemoryRegion::write_at",
             Verb::GetAsyncEvent => "ibv_get_async_event",
+            Verb::CreateQp => "ibv_create_qp",
+            Verb::ModifyQp => "ibv_modify_qp",
+            Verb::QueryQp => "ibv_query_qp",
+            Verb::DestroyQp => "ibv_destroy_qp",
+            Verb::PostSend => "ibv_post_send",
+            Verb::PostRecv => "ibv_post_recv",
+            Verb::Connect => "rverbs::cm",
         }
     }
 }
@@ -172,12 +193,28 @@ impl ErrorKind {
     }
 }
 
+/// Structured details some failures carry besides their message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorDetail {
+    /// A modify_qp request the QP state machine refuses: which transition,
+    /// or which attributes are missing or not allowed.
+    Transition(crate::qp_attr::TransitionError),
+    /// In a list of work requests, the one that was refused (libibverbs'
+    /// `bad_wr`); the ones before it were posted.
+    BadWr {
+        /// Its index in the list.
+        index: usize,
+    },
+}
+
 /// A failed verb: which one, the errno-like kind, and a message saying why.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     verb: Verb,
     kind: ErrorKind,
     message: String,
+    detail: Option<ErrorDetail>,
 }
 
 impl Error {
@@ -187,7 +224,19 @@ impl Error {
             verb,
             kind,
             message: message.into(),
+            detail: None,
         }
+    }
+
+    /// The same error with structured details.
+    pub(crate) fn with_detail(mut self, detail: ErrorDetail) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+
+    /// Structured details, when the failure has them.
+    pub fn detail(&self) -> Option<ErrorDetail> {
+        self.detail
     }
 
     pub(crate) fn invalid(verb: Verb, message: impl Into<String>) -> Self {
@@ -253,6 +302,7 @@ impl fmt::Debug for Error {
             .field("verb", &self.verb)
             .field("kind", &self.kind)
             .field("message", &self.message)
+            .field("detail", &self.detail)
             .finish()
     }
 }

@@ -53,8 +53,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod attr;
+pub mod cm;
 pub mod error;
 pub mod event;
+pub mod qp_attr;
 pub mod resources;
 pub mod soft;
 mod verbs;
@@ -65,10 +67,12 @@ pub use attr::{
     AccessFlags, AtomicCap, DeviceAttr, DeviceCapFlags, Gid, GidEntry, GidType, LinkLayer, Mtu,
     NodeType, PortAttr, PortCapFlags, PortState, TransportType,
 };
-pub use error::{Error, ErrorKind, Rejected, Result, Verb};
+pub use error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
 pub use event::AsyncEventType;
+pub use qp_attr::{AhAttr, QpAttr, QpAttrMask, QpCaps, QpType, TransitionError};
 pub use resources::{LiveResource, ResourceCounts, ResourceKind};
 pub use soft::config::{DeviceAddr, DeviceConfig};
+pub use soft::net::NetStats;
 pub use verbs::async_event::{AsyncEvent, AsyncEventElement};
 pub use verbs::channel::{CompletionChannel, CqEvent};
 pub use verbs::context::Context;
@@ -76,5 +80,6 @@ pub use verbs::cq::{CompletionQueue, CqBuilder};
 pub use verbs::device::{add_device, device_by_name, devices, Device};
 pub use verbs::mr::{MemoryRegion, MrBuffer, Rereg};
 pub use verbs::pd::ProtectionDomain;
+pub use verbs::qp::{QpBuilder, QueuePair};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{Payload, QpState, RecvWr, SendFlags, SendWr, Sge, WrOpcode};

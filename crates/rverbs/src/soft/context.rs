@@ -11,12 +11,14 @@ use crate::soft::channel::ChannelCore;
 use crate::soft::cq::CqCore;
 use crate::soft::device::SoftDevice;
 use crate::soft::notify::EventQueue;
+use crate::soft::qp::QpCore;
 
 /// The object an async event is about. Objects are held weakly: an event
 /// for an object destroyed before the event was read is dropped, as the
 /// kernel drops it.
 pub(crate) enum AsyncSource {
     Cq(Weak<CqCore>),
+    Qp(Weak<QpCore>),
     Device,
 }
 

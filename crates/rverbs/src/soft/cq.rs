@@ -163,13 +163,6 @@ impl CqCore {
     /// Adds a completion (the transport's entry point). A full CQ loses the
     /// completion, goes to error and raises IBV_EVENT_CQ_ERR once.
     /// `solicited`: the completion is for a message with the SE bit.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the transport's entry point; QPs arrive with the RC transport"
-        )
-    )]
     pub(crate) fn push(
         self: &Arc<Self>,
         wc: WorkCompletion,
@@ -264,6 +257,14 @@ impl CqCore {
     /// QPs (and later SRQs) using the CQ.
     pub(crate) fn users(&self) -> u32 {
         self.users.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add_user(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn remove_user(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Whether the CQ was destroyed.

@@ -19,6 +19,7 @@ use crate::error::{Error, ErrorKind, Verb};
 use crate::soft::config::{self, DeviceAddr, DeviceConfig};
 use crate::soft::context::ContextCore;
 use crate::soft::memory::MrTable;
+use crate::soft::net::Engine;
 
 /// The RoCEv2 UDP destination port.
 pub const ROCE_UDP_PORT: u16 = 4791;
@@ -201,12 +202,14 @@ pub(crate) struct SoftDevice {
     /// The network interface the address is on, if found.
     pub(crate) interface: Option<String>,
     pub(crate) ifindex: u32,
-    socket: Mutex<Option<UdpSocket>>,
+    /// The UDP endpoint, the QP table and progress.
+    pub(crate) engine: Engine,
     disassociated: AtomicBool,
     next_handle: AtomicU64,
     pub(crate) mrs: MrTable,
     pub(crate) pds: Quota,
     pub(crate) cqs: Quota,
+    pub(crate) qps: Quota,
     contexts: Mutex<Vec<Weak<ContextCore>>>,
 }
 
@@ -237,12 +240,14 @@ impl SoftDevice {
             port: port_attr(active_mtu),
             interface: link.as_ref().map(|l| l.name.clone()),
             ifindex: link.as_ref().map_or(0, |l| l.index),
-            socket: Mutex::new(Some(socket)),
+            engine: Engine::new(socket)
+                .map_err(|e| Error::from_io(Verb::GetDeviceList, &e, "UDP endpoint setup"))?,
             disassociated: AtomicBool::new(false),
             next_handle: AtomicU64::new(1),
             mrs: MrTable::new(attr.max_mr as usize),
             pds: Quota::new(attr.max_pd),
             cqs: Quota::new(attr.max_cq),
+            qps: Quota::new(attr.max_qp),
             attr,
             contexts: Mutex::new(Vec::new()),
         }))
@@ -317,7 +322,7 @@ impl SoftDevice {
             }
             list.drain(..).filter_map(|w| w.upgrade()).collect()
         };
-        drop(self.socket.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.engine.shutdown(self);
         forget(self);
         for ctx in contexts {
             ctx.device_fatal();

@@ -116,13 +116,6 @@ impl Drop for Region {
 
 /// What an access wants to do with the memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the transport's entry point; QPs arrive with the RC transport"
-    )
-)]
 pub(crate) enum AccessKind {
     /// The owner reads through `MemoryRegion::read_at`.
     CpuRead,
@@ -350,10 +343,6 @@ impl ReadWindow<'_> {
 
 impl WriteWindow<'_> {
     /// Copies the start of the window into `dst`; returns bytes copied.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "atomics arrive with the RC transport")
-    )]
     pub(crate) fn read_into(&self, dst: &mut [u8]) -> usize {
         copy_out(self.ptr, self.len, dst)
     }
@@ -505,13 +494,6 @@ impl MrTable {
     /// Looks `key` up, checks a reading access and runs `f` on the window
     /// while the MR cannot be written, deregistered or re-registered. `f`
     /// must not open another window.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the transport's entry point; QPs arrive with the RC transport"
-        )
-    )]
     pub(crate) fn read<R>(
         &self,
         key: u32,
@@ -532,13 +514,6 @@ impl MrTable {
 
     /// Looks `key` up, checks a writing access and runs `f` on the window
     /// while nothing else can touch the MR. `f` must not open another window.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the transport's entry point; QPs arrive with the RC transport"
-        )
-    )]
     pub(crate) fn write<R>(
         &self,
         key: u32,

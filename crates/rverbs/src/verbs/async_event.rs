@@ -13,7 +13,9 @@ use crate::event::AsyncEventType;
 use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::cq::CqCore;
 use crate::soft::notify::{PopError, Wait};
+use crate::soft::qp::QpCore;
 use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::QueuePair;
 
 /// The object an async event is about (`ibv_async_event.element`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +28,13 @@ pub enum AsyncEventElement {
         /// The CQ's `cq_context`.
         user_data: u64,
     },
+    /// A queue pair: its number and the user data it was created with.
+    Qp {
+        /// The QP number.
+        qp_num: u32,
+        /// The QP's `qp_context`.
+        user_data: u64,
+    },
     /// A port.
     Port(u8),
     /// The device itself (unaffiliated events such as `DeviceFatal`).
@@ -34,6 +43,7 @@ pub enum AsyncEventElement {
 
 enum Held {
     Cq(Arc<CqCore>),
+    Qp(Arc<QpCore>),
     Device,
 }
 
@@ -56,6 +66,10 @@ impl AsyncEvent {
                 handle: cq.handle,
                 user_data: cq.user_data,
             },
+            Held::Qp(qp) => AsyncEventElement::Qp {
+                qp_num: qp.qpn,
+                user_data: qp.user_data,
+            },
             Held::Device => AsyncEventElement::Device,
         }
     }
@@ -65,14 +79,21 @@ impl AsyncEvent {
         matches!(&self.held, Held::Cq(c) if Arc::ptr_eq(c, &cq.core))
     }
 
+    /// Whether the event is about `qp`.
+    pub fn is_for_qp(&self, qp: &QueuePair) -> bool {
+        matches!(&self.held, Held::Qp(q) if Arc::ptr_eq(q, &qp.core))
+    }
+
     /// Acknowledges the event now (the same as dropping it).
     pub fn ack(self) {}
 }
 
 impl Drop for AsyncEvent {
     fn drop(&mut self) {
-        if let Held::Cq(cq) = &self.held {
-            cq.async_events.ack();
+        match &self.held {
+            Held::Cq(cq) => cq.async_events.ack(),
+            Held::Qp(qp) => qp.async_events.ack(),
+            Held::Device => {}
         }
     }
 }
@@ -99,6 +120,11 @@ pub(crate) fn pop_async(ctx: &ContextCore, wait: Wait) -> Result<Option<AsyncEve
                     let cq = weak.upgrade().filter(|cq| !cq.is_released())?;
                     cq.async_events.report();
                     Held::Cq(cq)
+                }
+                AsyncSource::Qp(weak) => {
+                    let qp = weak.upgrade().filter(|qp| !qp.is_released())?;
+                    qp.async_events.report();
+                    Held::Qp(qp)
                 }
                 AsyncSource::Device => Held::Device,
             };

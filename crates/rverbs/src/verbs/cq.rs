@@ -105,7 +105,17 @@ impl CompletionQueue {
     /// how many (`ibv_poll_cq`). Completions already queued stay readable
     /// after a disassociation.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        Ok(self.core.poll(wc))
+        let n = self.core.poll(wc);
+        if n > 0 || wc.is_empty() {
+            return Ok(n);
+        }
+        // Nothing yet: drive the device's progress on this thread if no one
+        // else is, so a busy-polling program needs no second spinning thread.
+        let dev = &self.core.ctx.device;
+        if dev.engine.try_progress(dev) {
+            return Ok(self.core.poll(wc));
+        }
+        Ok(0)
     }
 
     /// Arms the notification: the next completion (or, with

@@ -107,6 +107,11 @@ impl Device {
         self.core.disassociate();
     }
 
+    /// Counters of the device's network engine.
+    pub fn net_stats(&self) -> crate::soft::net::NetStats {
+        self.core.engine.stats()
+    }
+
     /// Whether [`disassociate`](Self::disassociate) happened.
     pub fn is_disassociated(&self) -> bool {
         self.core.is_disassociated()

@@ -99,6 +99,16 @@ impl ProtectionDomain {
         MemoryRegion::register(&self.core, region, iova, access).map_err(|(e, _)| e)
     }
 
+    /// Builds a queue pair in this PD with `send_cq` and `recv_cq`
+    /// (`ibv_create_qp`).
+    pub fn qp_builder<'a>(
+        &'a self,
+        send_cq: &'a crate::CompletionQueue,
+        recv_cq: &'a crate::CompletionQueue,
+    ) -> crate::verbs::qp::QpBuilder<'a> {
+        crate::verbs::qp::QpBuilder::new(self, send_cq, recv_cq)
+    }
+
     /// Deallocates the PD (`ibv_dealloc_pd`). Fails with EBUSY, handing the
     /// PD back, while MRs, QPs or AHs use it.
     pub fn dealloc(self) -> Result<(), Rejected<ProtectionDomain>> {

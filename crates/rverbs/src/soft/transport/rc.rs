@@ -259,7 +259,7 @@ pub(crate) struct RcQp {
 
 impl RcQp {
     /// A QP in INIT with `cfg`'s identity; the rest of `cfg` is set by
-    /// [`to_rtr`](Self::to_rtr) and [`to_rts`](Self::to_rts).
+    /// [`enter_rtr`](Self::enter_rtr) and [`enter_rts`](Self::enter_rts).
     pub(crate) fn new(cfg: RcConfig) -> RcQp {
         RcQp {
             next_psn: cfg.sq_psn,
@@ -286,11 +286,6 @@ impl RcQp {
         }
     }
 
-    /// The current configuration.
-    pub(crate) fn config(&self) -> &RcConfig {
-        &self.cfg
-    }
-
     /// Mutable configuration, for attributes modify_qp may change in place
     /// (access flags, timers, retry counts).
     pub(crate) fn config_mut(&mut self) -> &mut RcConfig {
@@ -303,14 +298,14 @@ impl RcQp {
     }
 
     /// INIT → RTR: the responder starts at `cfg.rq_psn`.
-    pub(crate) fn to_rtr(&mut self, cfg: RcConfig) {
+    pub(crate) fn enter_rtr(&mut self, cfg: RcConfig) {
         self.epsn = cfg.rq_psn;
         self.cfg = cfg;
         self.state = QpState::Rtr;
     }
 
     /// RTR → RTS: the requester starts at `cfg.sq_psn`.
-    pub(crate) fn to_rts(&mut self, cfg: RcConfig) {
+    pub(crate) fn enter_rts(&mut self, cfg: RcConfig) {
         self.next_psn = cfg.sq_psn;
         self.una = cfg.sq_psn;
         self.tx_psn = cfg.sq_psn;
@@ -383,14 +378,6 @@ impl RcQp {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
-    }
-
-    /// Whether `poll_transmit` may have something to send.
-    pub(crate) fn wants_transmit(&self) -> bool {
-        !self.responses.is_empty()
-            || (matches!(self.state, QpState::Rts | QpState::Sqd)
-                && self.tx_psn != self.next_psn
-                && self.rnr_until.is_none())
     }
 
     // ---- errors ----------------------------------------------------------

@@ -165,8 +165,8 @@ impl Sim {
     fn with_configs(seed: u64, faults: LinkFaults, a: RcConfig, b: RcConfig) -> Sim {
         let side = |cfg: RcConfig, addr| {
             let mut qp = RcQp::new(cfg.clone());
-            qp.to_rtr(cfg.clone());
-            qp.to_rts(cfg);
+            qp.enter_rtr(cfg.clone());
+            qp.enter_rts(cfg);
             Side {
                 qp,
                 mem: MrTable::new(64),

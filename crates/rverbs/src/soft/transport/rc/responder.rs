@@ -274,10 +274,8 @@ impl RcQp {
         let Some(info) = pkt.info() else { return };
         let psn = pkt.bth.psn;
         match info.operation {
-            Operation::Send | Operation::RdmaWrite => {
-                if pkt.bth.ack_req {
-                    self.queue_ack(self.epsn.sub(1));
-                }
+            Operation::Send | Operation::RdmaWrite if pkt.bth.ack_req => {
+                self.queue_ack(self.epsn.sub(1));
             }
             Operation::RdmaReadRequest => {
                 let Some(reth) = pkt.reth else { return };

@@ -1,0 +1,100 @@
+//! Queue pairs as the engine sees them: identity, the objects a QP uses
+//! (PD, CQs, context), its capabilities and attributes. The transport state
+//! itself lives in the device's engine, keyed by QP number.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::qp_attr::{QpAttr, QpCaps, QpType};
+use crate::resources::ResourceKind;
+use crate::soft::context::{AsyncSource, ContextCore};
+use crate::soft::cq::{CqCore, EventCounts};
+use crate::soft::pd::PdCore;
+
+/// One queue pair.
+pub(crate) struct QpCore {
+    pub(crate) qpn: u32,
+    pub(crate) handle: u64,
+    pub(crate) qp_type: QpType,
+    pub(crate) ctx: Arc<ContextCore>,
+    pub(crate) pd: Arc<PdCore>,
+    pub(crate) send_cq: Arc<CqCore>,
+    pub(crate) recv_cq: Arc<CqCore>,
+    pub(crate) caps: QpCaps,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) user_data: u64,
+    /// The attributes modify_qp set last (state excluded: the engine has it).
+    pub(crate) attr: Mutex<QpAttr>,
+    pub(crate) async_events: EventCounts,
+    released: AtomicBool,
+}
+
+impl QpCore {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: u32,
+        qp_type: QpType,
+        ctx: &Arc<ContextCore>,
+        pd: &Arc<PdCore>,
+        send_cq: &Arc<CqCore>,
+        recv_cq: &Arc<CqCore>,
+        caps: QpCaps,
+        sq_sig_all: bool,
+        user_data: u64,
+    ) -> Arc<QpCore> {
+        let qp = Arc::new(QpCore {
+            qpn,
+            handle: ctx.device.new_handle(),
+            qp_type,
+            ctx: ctx.clone(),
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            caps,
+            sq_sig_all,
+            user_data,
+            attr: Mutex::new(QpAttr {
+                cap: caps,
+                ..QpAttr::default()
+            }),
+            async_events: EventCounts::default(),
+            released: AtomicBool::new(false),
+        });
+        pd.add_user();
+        send_cq.add_user();
+        recv_cq.add_user();
+        ctx.ledger.add(ResourceKind::Qp, qp.handle);
+        qp
+    }
+
+    pub(crate) fn attr(&self) -> MutexGuard<'_, QpAttr> {
+        self.attr.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Takes the QP off the wire and releases what it uses; idempotent.
+    pub(crate) fn release(&self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.ctx.device.engine.remove_qp(self.qpn);
+        let me: *const QpCore = self;
+        self.ctx
+            .async_events
+            .retain(|e| !matches!(&e.source, AsyncSource::Qp(w) if w.as_ptr() == me));
+        self.pd.remove_user();
+        self.send_cq.remove_user();
+        self.recv_cq.remove_user();
+        self.ctx.ledger.remove(ResourceKind::Qp, self.handle);
+        self.ctx.device.qps.release();
+    }
+}
+
+impl Drop for QpCore {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

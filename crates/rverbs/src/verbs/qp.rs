@@ -1,0 +1,779 @@
+//! Queue pairs (`ibv_create_qp`, `ibv_modify_qp`, `ibv_query_qp`,
+//! `ibv_post_send`, `ibv_post_recv`, `ibv_destroy_qp`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use rverbs_wire::{Psn, RnrTimer};
+
+use crate::attr::{AccessFlags, Gid, Mtu};
+use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
+use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpType};
+use crate::soft::device::{DestroyPath, GID_TABLE_LEN, PORT_NUM};
+use crate::soft::net::peer_endpoint;
+use crate::soft::qp::QpCore;
+use crate::soft::transport::rc::{RcConfig, RcQp};
+use crate::soft::transport::{RecvWqe, SendWqe, WqeData};
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::pd::ProtectionDomain;
+use crate::wr::{Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
+
+/// Most bytes of inline data a send WR may carry.
+pub const MAX_INLINE_DATA: u32 = 512;
+/// Largest message (the port's `max_msg_sz`).
+const MAX_MSG: u64 = 1 << 31;
+
+/// Builds a QP (`struct ibv_qp_init_attr`).
+#[must_use]
+pub struct QpBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    qp_type: QpType,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    user_data: u64,
+}
+
+impl<'a> QpBuilder<'a> {
+    pub(crate) fn new(
+        pd: &'a ProtectionDomain,
+        send_cq: &'a CompletionQueue,
+        recv_cq: &'a CompletionQueue,
+    ) -> Self {
+        QpBuilder {
+            pd,
+            send_cq,
+            recv_cq,
+            qp_type: QpType::Rc,
+            caps: QpCaps {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            user_data: 0,
+        }
+    }
+
+    /// The transport (RC; UC and UD come later).
+    pub fn qp_type(mut self, ty: QpType) -> Self {
+        self.qp_type = ty;
+        self
+    }
+
+    /// Queue sizes (default 128 WRs each way, one SGE, no inline data).
+    pub fn caps(mut self, caps: QpCaps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// Every send WR generates a completion, signaled or not.
+    pub fn sq_sig_all(mut self, on: bool) -> Self {
+        self.sq_sig_all = on;
+        self
+    }
+
+    /// A value returned with every async event of this QP (`qp_context`).
+    pub fn user_data(mut self, user_data: u64) -> Self {
+        self.user_data = user_data;
+        self
+    }
+
+    /// Creates the QP, in RESET.
+    pub fn build(self) -> Result<QueuePair> {
+        let verb = Verb::CreateQp;
+        let pd = &self.pd.core;
+        let ctx = &pd.ctx;
+        let dev = &ctx.device;
+        dev.check_alive(verb)?;
+        if self.qp_type != QpType::Rc {
+            return Err(Error::new(
+                verb,
+                ErrorKind::NotSupported,
+                format!(
+                    "{:?} queue pairs are not supported yet; use RC",
+                    self.qp_type
+                ),
+            ));
+        }
+        for cq in [self.send_cq, self.recv_cq] {
+            if !Arc::ptr_eq(&cq.core.ctx, ctx) {
+                return Err(Error::invalid(
+                    verb,
+                    format!(
+                        "CQ {} belongs to another context than PD {}",
+                        cq.handle(),
+                        pd.handle
+                    ),
+                ));
+            }
+        }
+        let a = &dev.attr;
+        let c = self.caps;
+        let checks = [
+            (c.max_send_wr, a.max_qp_wr, "max_send_wr", "max_qp_wr"),
+            (c.max_recv_wr, a.max_qp_wr, "max_recv_wr", "max_qp_wr"),
+            (c.max_send_sge, a.max_sge, "max_send_sge", "max_sge"),
+            (c.max_recv_sge, a.max_sge, "max_recv_sge", "max_sge"),
+            (
+                c.max_inline_data,
+                MAX_INLINE_DATA,
+                "max_inline_data",
+                "the inline limit",
+            ),
+        ];
+        for (value, limit, what, of) in checks {
+            if value > limit {
+                return Err(Error::invalid(
+                    verb,
+                    format!("{what} {value} exceeds {of} {limit}"),
+                ));
+            }
+        }
+        if !dev.qps.try_acquire() {
+            return Err(Error::new(
+                verb,
+                ErrorKind::OutOfMemory,
+                format!("device {} has max_qp = {} QPs already", dev.name, a.max_qp),
+            ));
+        }
+        let core = dev.engine.add_qp(dev, |qpn| {
+            QpCore::new(
+                qpn,
+                self.qp_type,
+                ctx,
+                pd,
+                &self.send_cq.core,
+                &self.recv_cq.core,
+                c,
+                self.sq_sig_all,
+                self.user_data,
+            )
+        });
+        Ok(QueuePair { core })
+    }
+}
+
+/// A queue pair.
+///
+/// It keeps its PD, CQs and context alive. Dropping it destroys it (work
+/// still outstanding is dropped unreported, as `ibv_destroy_qp` does);
+/// [`destroy`](Self::destroy) does the same and reports errors.
+pub struct QueuePair {
+    pub(crate) core: Arc<QpCore>,
+}
+
+fn state_of(slot_rc: Option<&RcQp>) -> QpState {
+    slot_rc.map_or(QpState::Reset, RcQp::state)
+}
+
+impl QueuePair {
+    /// The QP number (24 bits, never 0 or 1, unique on the device).
+    pub fn qp_num(&self) -> u32 {
+        self.core.qpn
+    }
+
+    /// The QP's handle (unique on the device).
+    pub fn handle(&self) -> u64 {
+        self.core.handle
+    }
+
+    /// The transport.
+    pub fn qp_type(&self) -> QpType {
+        self.core.qp_type
+    }
+
+    /// Queue sizes.
+    pub fn caps(&self) -> QpCaps {
+        self.core.caps
+    }
+
+    /// The user data it was created with.
+    pub fn user_data(&self) -> u64 {
+        self.core.user_data
+    }
+
+    /// The current state (the transport moves to ERR on its own on errors).
+    pub fn state(&self) -> QpState {
+        let dev = &self.core.ctx.device;
+        dev.engine
+            .with_qp(dev, self.core.qpn, |slot| state_of(slot.rc.as_ref()))
+            .unwrap_or(QpState::Err)
+    }
+
+    /// Async events (reported, acknowledged) so far.
+    pub fn async_events(&self) -> (u32, u32) {
+        self.core.async_events.totals()
+    }
+
+    /// Changes state and attributes (`ibv_modify_qp`). The transition must
+    /// exist for the QP type and `mask` must hold exactly the attributes it
+    /// requires plus any it allows; otherwise EINVAL with an
+    /// [`ErrorDetail::Transition`] naming the problem.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let verb = Verb::ModifyQp;
+        let core = &self.core;
+        let dev = &core.ctx.device;
+        dev.check_alive(verb)?;
+        let from = self.state();
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
+            return Err(Error::invalid(
+                verb,
+                format!(
+                    "cur_qp_state is {} but QP {:#x} is in {}",
+                    attr.cur_qp_state.name(),
+                    core.qpn,
+                    from.name()
+                ),
+            ));
+        }
+        let to = if mask.contains(QpAttrMask::STATE) {
+            attr.qp_state
+        } else {
+            from
+        };
+        check_transition(core.qp_type, from, to, mask).map_err(|e| {
+            let msg = match e {
+                crate::qp_attr::TransitionError::Invalid { from, to } => {
+                    format!("no transition from {} to {}", from.name(), to.name())
+                }
+                crate::qp_attr::TransitionError::Missing(m) => {
+                    format!("{} → {} needs {:?}", from.name(), to.name(), m)
+                }
+                crate::qp_attr::TransitionError::Forbidden(m) => {
+                    format!("{} → {} does not take {:?}", from.name(), to.name(), m)
+                }
+            };
+            Error::invalid(verb, msg).with_detail(ErrorDetail::Transition(e))
+        })?;
+        self.check_values(attr, mask)?;
+
+        // Merge the attributes given into those the QP has.
+        let merged = {
+            let mut cur = core.attr();
+            merge(&mut cur, attr, mask);
+            cur.qp_state = to;
+            *cur
+        };
+        let cfg = self.rc_config(&merged);
+        let peer = peer_endpoint(merged.ah_attr.dgid.to_ip());
+        dev.engine
+            .with_qp(dev, core.qpn, |slot| match (from, to) {
+                (_, QpState::Reset) => {
+                    slot.rc = None;
+                    slot.peer = None;
+                }
+                (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::new(cfg)),
+                (_, QpState::Err) => {
+                    slot.rc.get_or_insert_with(|| RcQp::new(cfg)).enter_error();
+                }
+                (_, _) => {
+                    let Some(rc) = slot.rc.as_mut() else { return };
+                    match (from, to) {
+                        (QpState::Init, QpState::Rtr) => {
+                            rc.enter_rtr(cfg);
+                            slot.peer = Some(peer);
+                        }
+                        (QpState::Rtr, QpState::Rts) => rc.enter_rts(cfg),
+                        (_, QpState::Sqd) => {
+                            *rc.config_mut() = cfg;
+                            if from != QpState::Sqd {
+                                rc.set_sq_drain(true, merged.en_sqd_async_notify);
+                            }
+                            if mask.contains(QpAttrMask::AV) {
+                                slot.peer = Some(peer);
+                            }
+                        }
+                        (QpState::Sqd, QpState::Rts) => {
+                            *rc.config_mut() = cfg;
+                            rc.set_sq_drain(false, false);
+                        }
+                        _ => *rc.config_mut() = cfg,
+                    }
+                }
+            })
+            .ok_or_else(|| Error::new(verb, ErrorKind::Io, "QP is gone"))
+    }
+
+    fn check_values(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let verb = Verb::ModifyQp;
+        let dev = &self.core.ctx.device;
+        let bad = |msg: String| Err(Error::invalid(verb, msg));
+        if mask.contains(QpAttrMask::PORT) && attr.port_num != PORT_NUM {
+            return bad(format!("port {} does not exist", attr.port_num));
+        }
+        if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index >= dev.port.pkey_tbl_len {
+            return bad(format!(
+                "pkey_index {} is not below pkey_tbl_len",
+                attr.pkey_index
+            ));
+        }
+        if mask.contains(QpAttrMask::AV) {
+            let av = &attr.ah_attr;
+            if u32::from(av.sgid_index) >= GID_TABLE_LEN {
+                return bad(format!(
+                    "sgid_index {} is not below gid_tbl_len {GID_TABLE_LEN}",
+                    av.sgid_index
+                ));
+            }
+            if av.port_num != PORT_NUM {
+                return bad(format!("ah_attr.port_num {} does not exist", av.port_num));
+            }
+            let ip = av.dgid.to_ip();
+            if av.dgid.is_zero() || ip.is_unspecified() || ip.is_multicast() {
+                return bad(format!("dgid {} is not a unicast RoCEv2 address", av.dgid));
+            }
+            if ip.is_ipv4() != dev.addr.is_ipv4() {
+                return bad(format!(
+                    "dgid {} is not reachable from {}",
+                    av.dgid, dev.addr
+                ));
+            }
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > dev.port.active_mtu {
+            return bad(format!(
+                "path_mtu {} exceeds the port's active MTU {}",
+                attr.path_mtu.bytes(),
+                dev.port.active_mtu.bytes()
+            ));
+        }
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC)
+            && u32::from(attr.max_rd_atomic) > dev.attr.max_qp_init_rd_atom
+        {
+            return bad(format!(
+                "max_rd_atomic {} exceeds max_qp_init_rd_atom",
+                attr.max_rd_atomic
+            ));
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
+            && u32::from(attr.max_dest_rd_atomic) > dev.attr.max_qp_rd_atom
+        {
+            return bad(format!(
+                "max_dest_rd_atomic {} exceeds max_qp_rd_atom",
+                attr.max_dest_rd_atomic
+            ));
+        }
+        let limits = [
+            (QpAttrMask::TIMEOUT, u32::from(attr.timeout), 31, "timeout"),
+            (
+                QpAttrMask::RETRY_CNT,
+                u32::from(attr.retry_cnt),
+                7,
+                "retry_cnt",
+            ),
+            (
+                QpAttrMask::RNR_RETRY,
+                u32::from(attr.rnr_retry),
+                7,
+                "rnr_retry",
+            ),
+            (
+                QpAttrMask::MIN_RNR_TIMER,
+                u32::from(attr.min_rnr_timer),
+                31,
+                "min_rnr_timer",
+            ),
+            (
+                QpAttrMask::DEST_QPN,
+                attr.dest_qp_num,
+                0xff_ffff,
+                "dest_qp_num",
+            ),
+            (QpAttrMask::RQ_PSN, attr.rq_psn, 0xff_ffff, "rq_psn"),
+            (QpAttrMask::SQ_PSN, attr.sq_psn, 0xff_ffff, "sq_psn"),
+        ];
+        for (flag, value, max, name) in limits {
+            if mask.contains(flag) && value > max {
+                return bad(format!("{name} {value} exceeds {max}"));
+            }
+        }
+        let allowed = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::MW_BIND;
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) && !allowed.contains(attr.qp_access_flags) {
+            return bad(format!(
+                "qp_access_flags {:?} holds flags a QP does not take",
+                attr.qp_access_flags
+            ));
+        }
+        Ok(())
+    }
+
+    fn rc_config(&self, a: &QpAttr) -> RcConfig {
+        RcConfig {
+            qpn: self.core.qpn,
+            dest_qpn: a.dest_qp_num,
+            pd: self.core.pd.handle,
+            mtu: a.path_mtu.bytes(),
+            sq_psn: Psn::new(a.sq_psn),
+            rq_psn: Psn::new(a.rq_psn),
+            timeout: RcConfig::timeout_for(a.timeout),
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            min_rnr_timer: RnrTimer::new(a.min_rnr_timer),
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            access: a.qp_access_flags,
+            pkey: 0xffff,
+        }
+    }
+
+    /// The QP's attributes (`ibv_query_qp`): those last set, with the state
+    /// the QP is really in.
+    pub fn query(&self) -> Result<QpAttr> {
+        self.core.ctx.device.check_alive(Verb::QueryQp)?;
+        let dev = &self.core.ctx.device;
+        let (state, draining) = dev
+            .engine
+            .with_qp(dev, self.core.qpn, |slot| {
+                let rc = slot.rc.as_ref();
+                let state = state_of(rc);
+                (
+                    state,
+                    state == QpState::Sqd && rc.is_some_and(|r| r.sq_len() > 0),
+                )
+            })
+            .unwrap_or((QpState::Err, false));
+        let mut attr = *self.core.attr();
+        attr.qp_state = state;
+        attr.cur_qp_state = state;
+        attr.sq_draining = draining;
+        attr.cap = self.core.caps;
+        Ok(attr)
+    }
+
+    /// Posts one send WR (`ibv_post_send`).
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_list(std::slice::from_ref(wr))
+    }
+
+    /// Posts send WRs in order. On a refused WR the error carries
+    /// [`ErrorDetail::BadWr`] with its index; the WRs before it were posted.
+    /// A full send queue is ENOMEM; too many SGEs, too much inline data or a
+    /// QP not yet in RTS is EINVAL. Bad lkeys and lengths surface as
+    /// completion errors (LOC_PROT_ERR, LOC_LEN_ERR), as in libibverbs.
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let verb = Verb::PostSend;
+        let core = &self.core;
+        let dev = &core.ctx.device;
+        let caps = core.caps;
+        dev.engine
+            .with_qp(dev, core.qpn, |slot| {
+                let state = state_of(slot.rc.as_ref());
+                for (index, wr) in wrs.iter().enumerate() {
+                    let fail = |kind, msg: String| {
+                        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
+                    };
+                    let Some(rc) = slot.rc.as_mut().filter(|_| {
+                        !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr)
+                    }) else {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "QP {:#x} is in {}; send WRs need RTS",
+                                core.qpn,
+                                state.name()
+                            ),
+                        );
+                    };
+                    if rc.sq_len() >= caps.max_send_wr as usize {
+                        return fail(
+                            ErrorKind::OutOfMemory,
+                            format!("send queue full ({} WRs)", caps.max_send_wr),
+                        );
+                    }
+                    let is_rd_atomic = matches!(
+                        wr.opcode,
+                        WrOpcode::RdmaRead { .. }
+                            | WrOpcode::AtomicCmpAndSwp { .. }
+                            | WrOpcode::AtomicFetchAndAdd { .. }
+                    );
+                    let (data, length) = match wr.payload {
+                        Payload::Sges(sges) => {
+                            if sges.len() > caps.max_send_sge as usize {
+                                return fail(
+                                    ErrorKind::InvalidArgument,
+                                    format!(
+                                        "{} SGEs exceed max_send_sge {}",
+                                        sges.len(),
+                                        caps.max_send_sge
+                                    ),
+                                );
+                            }
+                            let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+                            (WqeData::Sges(sges.to_vec()), len)
+                        }
+                        Payload::Inline(data) => {
+                            if is_rd_atomic {
+                                return fail(
+                                    ErrorKind::InvalidArgument,
+                                    "READ and atomics cannot carry inline data".into(),
+                                );
+                            }
+                            if data.len() > caps.max_inline_data as usize {
+                                return fail(
+                                    ErrorKind::InvalidArgument,
+                                    format!(
+                                        "{} bytes of inline data exceed max_inline_data {}",
+                                        data.len(),
+                                        caps.max_inline_data
+                                    ),
+                                );
+                            }
+                            (WqeData::Inline(data.into()), data.len() as u64)
+                        }
+                    };
+                    if length > MAX_MSG {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!("message of {length} bytes exceeds max_msg_sz {MAX_MSG}"),
+                        );
+                    }
+                    let atomic = matches!(
+                        wr.opcode,
+                        WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. }
+                    );
+                    if atomic && length != 8 {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!("an atomic needs an 8-byte local buffer, not {length} bytes"),
+                        );
+                    }
+                    rc.post_send(SendWqe {
+                        wr_id: wr.wr_id,
+                        op: wr.opcode,
+                        data,
+                        length: length as u32,
+                        signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+                        solicited: wr.flags.contains(SendFlags::SOLICITED),
+                        fence: wr.flags.contains(SendFlags::FENCE),
+                    });
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
+    }
+
+    /// Posts one receive WR (`ibv_post_recv`).
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.post_recv_list(std::slice::from_ref(wr))
+    }
+
+    /// Posts receive WRs in order (a refused one carries
+    /// [`ErrorDetail::BadWr`]): EINVAL in RESET or with too many SGEs,
+    /// ENOMEM when the receive queue is full.
+    pub fn post_recv_list(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let verb = Verb::PostRecv;
+        let core = &self.core;
+        let dev = &core.ctx.device;
+        let caps = core.caps;
+        dev.engine
+            .with_qp(dev, core.qpn, |slot| {
+                for (index, wr) in wrs.iter().enumerate() {
+                    let fail = |kind, msg: String| {
+                        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
+                    };
+                    let Some(rc) = slot.rc.as_mut() else {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!("QP {:#x} is in RESET", core.qpn),
+                        );
+                    };
+                    if rc.rq_len() >= caps.max_recv_wr as usize {
+                        return fail(
+                            ErrorKind::OutOfMemory,
+                            format!("receive queue full ({} WRs)", caps.max_recv_wr),
+                        );
+                    }
+                    if wr.sg_list.len() > caps.max_recv_sge as usize {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "{} SGEs exceed max_recv_sge {}",
+                                wr.sg_list.len(),
+                                caps.max_recv_sge
+                            ),
+                        );
+                    }
+                    let length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+                    rc.post_recv(RecvWqe {
+                        wr_id: wr.wr_id,
+                        sges: wr.sg_list.to_vec(),
+                        length,
+                    });
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
+    }
+
+    /// Destroys the QP (`ibv_destroy_qp`). Fails with EBUSY, handing the QP
+    /// back, while an [`AsyncEvent`](crate::AsyncEvent) for it is unacknowledged.
+    pub fn destroy(self) -> Result<(), Rejected<QueuePair>> {
+        let verb = Verb::DestroyQp;
+        match self.core.ctx.device.destroy_path(verb) {
+            Err(e) => return Err(Rejected::new(e, self)),
+            Ok(DestroyPath::Forced) => {}
+            Ok(DestroyPath::Checked) => {
+                let unacked = self.core.async_events.unacked();
+                if unacked > 0 {
+                    let err = Error::busy(
+                        verb,
+                        format!("{unacked} async event(s) of QP {:#x} not acknowledged (drop the AsyncEvent)", self.core.qpn),
+                    );
+                    return Err(Rejected::new(err, self));
+                }
+            }
+        }
+        self.core.release();
+        Ok(())
+    }
+
+    /// Brings a QP in RESET to RTS, connected to `remote` (what
+    /// `ibv_rc_pingpong` does by hand): INIT with `opts.access`, RTR with the
+    /// remote's GID, QPN and PSN, RTS with `local_psn`.
+    pub fn connect(
+        &self,
+        local_psn: u32,
+        remote: &crate::cm::Endpoint,
+        opts: &crate::cm::ConnectOptions,
+    ) -> Result<()> {
+        let dev = &self.core.ctx.device;
+        let mtu = opts
+            .path_mtu
+            .unwrap_or(dev.port.active_mtu)
+            .min(dev.port.active_mtu);
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: PORT_NUM,
+            qp_access_flags: opts.access,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &attr,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )?;
+        attr.qp_state = QpState::Rtr;
+        attr.path_mtu = mtu;
+        attr.dest_qp_num = remote.qpn;
+        attr.rq_psn = remote.psn;
+        attr.max_dest_rd_atomic = opts.max_rd_atomic;
+        attr.min_rnr_timer = opts.min_rnr_timer;
+        attr.ah_attr = AhAttr {
+            dgid: remote.gid,
+            ..AhAttr::default()
+        };
+        self.modify(
+            &attr,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = local_psn;
+        attr.timeout = opts.timeout;
+        attr.retry_cnt = opts.retry_cnt;
+        attr.rnr_retry = opts.rnr_retry;
+        attr.max_rd_atomic = opts.max_rd_atomic;
+        self.modify(
+            &attr,
+            QpAttrMask::STATE
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    /// The GID this QP's packets come from (GID index 0).
+    pub fn local_gid(&self) -> Gid {
+        self.core.ctx.device.gid
+    }
+
+    /// The path MTU in use.
+    pub fn path_mtu(&self) -> Mtu {
+        self.core.attr().path_mtu
+    }
+}
+
+fn merge(cur: &mut QpAttr, a: &QpAttr, mask: QpAttrMask) {
+    use QpAttrMask as M;
+    let set = |flag: M| mask.contains(flag);
+    if set(M::EN_SQD_ASYNC_NOTIFY) {
+        cur.en_sqd_async_notify = a.en_sqd_async_notify;
+    }
+    if set(M::ACCESS_FLAGS) {
+        cur.qp_access_flags = a.qp_access_flags;
+    }
+    if set(M::PKEY_INDEX) {
+        cur.pkey_index = a.pkey_index;
+    }
+    if set(M::PORT) {
+        cur.port_num = a.port_num;
+    }
+    if set(M::QKEY) {
+        cur.qkey = a.qkey;
+    }
+    if set(M::AV) {
+        cur.ah_attr = a.ah_attr;
+    }
+    if set(M::PATH_MTU) {
+        cur.path_mtu = a.path_mtu;
+    }
+    if set(M::TIMEOUT) {
+        cur.timeout = a.timeout;
+    }
+    if set(M::RETRY_CNT) {
+        cur.retry_cnt = a.retry_cnt;
+    }
+    if set(M::RNR_RETRY) {
+        cur.rnr_retry = a.rnr_retry;
+    }
+    if set(M::RQ_PSN) {
+        cur.rq_psn = a.rq_psn;
+    }
+    if set(M::MAX_QP_RD_ATOMIC) {
+        cur.max_rd_atomic = a.max_rd_atomic;
+    }
+    if set(M::MIN_RNR_TIMER) {
+        cur.min_rnr_timer = a.min_rnr_timer;
+    }
+    if set(M::SQ_PSN) {
+        cur.sq_psn = a.sq_psn;
+    }
+    if set(M::MAX_DEST_RD_ATOMIC) {
+        cur.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    }
+    if set(M::DEST_QPN) {
+        cur.dest_qp_num = a.dest_qp_num;
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.core.release();
+    }
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &format_args!("{:#x}", self.core.qpn))
+            .field("qp_type", &self.core.qp_type)
+            .finish()
+    }
+}

@@ -1,0 +1,298 @@
+//! RC queue pairs over real UDP sockets, within one process: two contexts
+//! on one device, and two devices on different loopback addresses.
+
+use std::time::{Duration, Instant};
+
+use rverbs::cm::{ConnectOptions, Endpoint};
+use rverbs::{
+    devices, AccessFlags, CompletionQueue, Context, DeviceConfig, MemoryRegion, QpCaps, QueuePair,
+    RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+
+struct Side {
+    ctx: Context,
+    _pd: rverbs::ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+}
+
+const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+fn side(ctx: Context, mr_len: usize) -> Side {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024).unwrap();
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .caps(QpCaps {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        })
+        .build()
+        .unwrap();
+    let mr = pd.alloc_mr(mr_len, ALL).unwrap();
+    Side {
+        ctx,
+        _pd: pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+fn connect(a: &Side, b: &Side) {
+    let ea = Endpoint::for_qp(&a.qp).with_buffer(&a.mr);
+    let eb = Endpoint::for_qp(&b.qp).with_buffer(&b.mr);
+    let opts = ConnectOptions {
+        timeout: 10,
+        ..ConnectOptions::default()
+    };
+    a.qp.connect(ea.psn, &eb, &opts).unwrap();
+    b.qp.connect(eb.psn, &ea, &opts).unwrap();
+}
+
+fn pair_on_one_device() -> (Side, Side) {
+    let dev = &devices().unwrap()[0];
+    let a = side(dev.open().unwrap(), 1 << 20);
+    let b = side(dev.open().unwrap(), 1 << 20);
+    connect(&a, &b);
+    (a, b)
+}
+
+/// Polls until `n` completions arrived (or 10 s passed).
+fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions: {got:?}",
+            got.len()
+        );
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
+    Sge {
+        addr: mr.iova() + offset,
+        length: len,
+        lkey: mr.lkey(),
+    }
+}
+
+#[test]
+fn send_and_receive_between_two_contexts() {
+    let (a, b) = pair_on_one_device();
+    assert_ne!(a.qp.qp_num(), b.qp.qp_num());
+    b.qp.post_recv(&RecvWr::new(7, &[sge(&b.mr, 0, 8192)]))
+        .unwrap();
+    b.qp.post_recv(&RecvWr::new(8, &[sge(&b.mr, 8192, 64)]))
+        .unwrap();
+    let msg: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+    a.mr.write_at(0, &msg).unwrap();
+    a.qp.post_send(&SendWr::new(1, WrOpcode::Send, &[sge(&a.mr, 0, 5000)]).signaled())
+        .unwrap();
+    a.qp.post_send(
+        &SendWr::inline(2, WrOpcode::SendWithImm { imm: 0xfeed }, b"inline!")
+            .signaled()
+            .solicited(),
+    )
+    .unwrap();
+    let sent = wait(&a.cq, 2);
+    assert!(
+        sent.iter()
+            .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::Send),
+        "{sent:?}"
+    );
+    let recv = wait(&b.cq, 2);
+    assert_eq!(
+        (recv[0].wr_id, recv[0].byte_len, recv[0].opcode),
+        (7, 5000, WcOpcode::Recv)
+    );
+    assert_eq!(
+        (recv[1].wr_id, recv[1].byte_len, recv[1].imm()),
+        (8, 7, Some(0xfeed))
+    );
+    assert_eq!(recv[0].qp_num, b.qp.qp_num());
+    assert_eq!(recv[0].src_qp, a.qp.qp_num());
+    let mut got = vec![0u8; 5000];
+    b.mr.read_at(0, &mut got).unwrap();
+    assert_eq!(got, msg);
+    let mut got = [0u8; 7];
+    b.mr.read_at(8192, &mut got).unwrap();
+    assert_eq!(&got, b"inline!");
+}
+
+#[test]
+fn rdma_write_read_and_atomics() {
+    let (a, b) = pair_on_one_device();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    a.mr.write_at(0, &data).unwrap();
+    // WRITE 100 kB into B, READ it back into A at 200 kB.
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.iova() + 4096,
+                rkey: b.mr.rkey(),
+            },
+            &[sge(&a.mr, 0, 100_000)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.post_send(
+        &SendWr::new(
+            2,
+            WrOpcode::RdmaRead {
+                remote_addr: b.mr.iova() + 4096,
+                rkey: b.mr.rkey(),
+            },
+            &[sge(&a.mr, 200_000, 100_000)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    // Atomics on a counter in B.
+    b.mr.write_at(512 * 1024, &41u64.to_ne_bytes()).unwrap();
+    let counter = b.mr.iova() + 512 * 1024;
+    a.qp.post_send(
+        &SendWr::new(
+            3,
+            WrOpcode::AtomicFetchAndAdd {
+                remote_addr: counter,
+                rkey: b.mr.rkey(),
+                add: 1,
+            },
+            &[sge(&a.mr, 400_000, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.post_send(
+        &SendWr::new(
+            4,
+            WrOpcode::AtomicCmpAndSwp {
+                remote_addr: counter,
+                rkey: b.mr.rkey(),
+                compare: 42,
+                swap: 1000,
+            },
+            &[sge(&a.mr, 400_008, 8)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    let wcs = wait(&a.cq, 4);
+    let got: Vec<(u64, WcStatus, WcOpcode, u32)> = wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite, 0),
+            (2, WcStatus::Success, WcOpcode::RdmaRead, 100_000),
+            (3, WcStatus::Success, WcOpcode::FetchAdd, 8),
+            (4, WcStatus::Success, WcOpcode::CompSwap, 8),
+        ]
+    );
+    let mut back = vec![0u8; 100_000];
+    b.mr.read_at(4096, &mut back).unwrap();
+    assert_eq!(back, data, "written");
+    a.mr.read_at(200_000, &mut back).unwrap();
+    assert_eq!(back, data, "read back");
+    let mut v = [0u8; 8];
+    a.mr.read_at(400_000, &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 41);
+    a.mr.read_at(400_008, &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 42);
+    b.mr.read_at(512 * 1024, &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 1000);
+    assert!(
+        b.cq.poll(&mut [WorkCompletion::default(); 4]).unwrap() == 0,
+        "one-sided: no receive completions"
+    );
+}
+
+#[test]
+fn two_devices_on_two_loopback_addresses() {
+    let second = rverbs::add_device(DeviceConfig::loopback().named("rc-second")).unwrap();
+    let first = &devices().unwrap()[0];
+    assert_ne!(first.addr(), second.addr());
+    let a = side(first.open().unwrap(), 1 << 16);
+    let b = side(second.open().unwrap(), 1 << 16);
+    connect(&a, &b);
+    b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 1024)]))
+        .unwrap();
+    a.mr.write_at(0, b"across devices").unwrap();
+    a.qp.post_send(&SendWr::new(9, WrOpcode::Send, &[sge(&a.mr, 0, 14)]).signaled())
+        .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(wait(&b.cq, 1)[0].byte_len, 14);
+    let stats = second.net_stats();
+    assert!(stats.rx_packets >= 1 && stats.tx_packets >= 1, "{stats:?}");
+    assert_eq!(stats.rx_icrc_errors, 0);
+    drop((a, b));
+    second.disassociate();
+}
+
+#[test]
+fn remote_access_error_moves_both_to_error_and_flushes() {
+    let (a, b) = pair_on_one_device();
+    b.qp.post_recv(&RecvWr::new(50, &[sge(&b.mr, 0, 64)]))
+        .unwrap();
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.iova(),
+                rkey: b.mr.rkey() ^ 0x40,
+            },
+            &[sge(&a.mr, 0, 64)],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    a.qp.post_send(&SendWr::new(2, WrOpcode::Send, &[sge(&a.mr, 0, 8)]))
+        .unwrap();
+    let wcs = wait(&a.cq, 2);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RemAccessErr));
+    assert_eq!(
+        (wcs[1].wr_id, wcs[1].status),
+        (2, WcStatus::WrFlushErr),
+        "unsignaled WRs flush too"
+    );
+    assert_eq!(a.qp.state(), rverbs::QpState::Err);
+    // The responder: QP_ACCESS_ERR, its receive WR flushed.
+    let flushed = wait(&b.cq, 1);
+    assert_eq!(
+        (flushed[0].wr_id, flushed[0].status),
+        (50, WcStatus::WrFlushErr)
+    );
+    let ev = b
+        .ctx
+        .get_async_event_timeout(Duration::from_secs(5))
+        .unwrap()
+        .expect("an async event");
+    assert_eq!(ev.event_type(), rverbs::AsyncEventType::QpAccessErr);
+    assert!(ev.is_for_qp(&b.qp));
+    drop(ev);
+    // Posting to a QP in ERR completes at once with a flush error.
+    a.qp.post_send(&SendWr::new(3, WrOpcode::Send, &[sge(&a.mr, 0, 8)]).signaled())
+        .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::WrFlushErr);
+}
