@@ -25,6 +25,8 @@ enum Command {
     Devinfo(cmd::devinfo::DevinfoArgs),
     /// Print the RoCEv2 packets of a pcap/pcapng capture and check their ICRCs.
     Decode(cmd::decode::DecodeArgs),
+    /// Measure RDMA WRITE/READ/SEND bandwidth and latency against TCP and UDP.
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Devices => cmd::devinfo::devices(&mut out),
         Command::Devinfo(args) => cmd::devinfo::devinfo(&args, &mut out),
+        Command::Bench(args) => cmd::bench::bench(&args, &mut out).map(|_| ()),
         Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
             let _ = out.flush();
             eprintln!(

@@ -295,27 +295,29 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
     };
     for (iface, link) in [("lo", "EN10MB"), ("any", "LINUX_SLL2")] {
         let file = dir.join(format!("{iface}.pcap"));
-        let mut tcpdump = Command::new("tcpdump")
-            // Immediate mode: without it libpcap hands packets over in ring
-            // blocks (up to a second late), and the interrupt below loses them.
-            .args([
-                "-i",
-                iface,
-                "-y",
-                link,
-                "--immediate-mode",
-                "-U",
-                "-n",
-                "-w",
-            ])
-            .arg(&file)
-            .args(["udp", "dst", "port", "4791", "and", "host", "127.0.0.1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut tcpdump = Interrupted(
+            Command::new("tcpdump")
+                // Immediate mode: without it libpcap hands packets over in ring
+                // blocks (up to a second late), and the interrupt below loses them.
+                .args([
+                    "-i",
+                    iface,
+                    "-y",
+                    link,
+                    "--immediate-mode",
+                    "-U",
+                    "-n",
+                    "-w",
+                ])
+                .arg(&file)
+                .args(["udp", "dst", "port", "4791", "and", "host", "127.0.0.1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
         // Wait until tcpdump listens (it says so on stderr), then send.
-        let mut stderr = std::io::BufReader::new(tcpdump.stderr.take().unwrap());
+        let mut stderr = std::io::BufReader::new(tcpdump.0.stderr.take().unwrap());
         let mut said = String::new();
         while !said.contains("listening") {
             let mut line = String::new();
@@ -342,8 +344,7 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        nix_kill(tcpdump.id());
-        tcpdump.wait().unwrap();
+        drop(tcpdump);
 
         let out = decode(&file, true);
         let stdout = String::from_utf8(out.stdout).unwrap();
@@ -365,9 +366,16 @@ fn a_real_tcpdump_capture_on_lo_checks_out() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn nix_kill(pid: u32) {
-    let _ = Command::new("kill")
-        .arg("-INT")
-        .arg(pid.to_string())
-        .status();
+/// A child process that is interrupted (SIGINT, so tcpdump flushes its
+/// file) and reaped when dropped — also when the test fails half-way.
+struct Interrupted(std::process::Child);
+
+impl Drop for Interrupted {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-INT")
+            .arg(self.0.id().to_string())
+            .status();
+        let _ = self.0.wait();
+    }
 }

@@ -13,7 +13,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::Ipv6Addr;
 
 use crate::attr::{AccessFlags, Gid, Mtu};
@@ -147,29 +147,52 @@ impl Default for ConnectOptions {
     }
 }
 
+/// Reads one line (at most 256 bytes) without reading past it.
+fn read_line(stream: &mut impl Read) -> Result<String> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.len() < 256 {
+        stream.read_exact(&mut b).map_err(io_err)?;
+        if b[0] == b'\n' {
+            return String::from_utf8(line).map_err(|_| {
+                Error::new(
+                    Verb::Connect,
+                    ErrorKind::InvalidArgument,
+                    "endpoint line is not UTF-8",
+                )
+            });
+        }
+        line.push(b[0]);
+    }
+    Err(Error::new(
+        Verb::Connect,
+        ErrorKind::InvalidArgument,
+        "endpoint line too long",
+    ))
+}
+
 fn io_err(e: std::io::Error) -> Error {
     Error::from_io(Verb::Connect, &e, "exchanging endpoints")
 }
 
 /// Sends `local`, reads the peer's endpoint, brings `qp` to RTS connected
 /// to it, then waits until the peer's QP is ready too (one byte each way),
-/// so neither side sends before the other can receive.
+/// so neither side sends before the other can receive. The stream is read
+/// byte by byte, never past the peer's last byte, so the caller can go on
+/// using it (for more QPs, or its own protocol).
 pub fn connect<S: Read + Write>(
     qp: &QueuePair,
-    stream: S,
+    mut stream: S,
     local: &Endpoint,
     opts: &ConnectOptions,
 ) -> Result<Endpoint> {
-    let mut stream = BufReader::new(stream);
     stream
-        .get_mut()
         .write_all(local.encode().as_bytes())
         .map_err(io_err)?;
-    let mut line = String::new();
-    stream.read_line(&mut line).map_err(io_err)?;
+    let line = read_line(&mut stream)?;
     let remote = Endpoint::decode(&line)?;
     qp.connect(local.psn, &remote, opts)?;
-    stream.get_mut().write_all(b"R").map_err(io_err)?;
+    stream.write_all(b"R").map_err(io_err)?;
     let mut ready = [0u8; 1];
     stream.read_exact(&mut ready).map_err(io_err)?;
     if ready != *b"R" {

@@ -208,6 +208,12 @@ impl CqCore {
         n
     }
 
+    /// Whether the notification is armed: the application means to sleep
+    /// until the CQ fires.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.lock().arm != Arm::Disarmed
+    }
+
     /// Arms the notification for the next completion (or the next solicited
     /// or unsuccessful one). Arming "next" over "solicited only" widens it.
     pub(crate) fn arm(&self, solicited_only: bool) {

@@ -6,9 +6,13 @@
 //! - a thread posting work transmits it at once on its own thread;
 //! - a thread polling an empty CQ drives progress itself when the lock is
 //!   free (so a busy-polling application needs no second spinning thread);
-//! - the engine thread sleeps in `poll(2)` on the socket and a wake-up
+//! - the engine thread sleeps in `ppoll(2)` on the socket and a wake-up
 //!   eventfd, with the earliest timer as timeout, so an idle device costs no
-//!   CPU.
+//!   CPU;
+//! - while an application thread busy-polls a CQ, the engine thread leaves
+//!   the socket to it (watching only timers and its wake-up), so the two do
+//!   not fight over the lock; it takes the socket back once the polling
+//!   stops for [`BUSY_POLL_GRACE`] or the application arms a CQ to sleep.
 //!
 //! Every packet carries an ICRC computed for the IP header Linux will write:
 //! the socket is unconnected with Don't Fragment set, so the IPv4 ID is 0.
@@ -17,17 +21,21 @@
 //! counted and dropped.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::socket::{recvfrom, SockaddrStorage};
+use nix::sys::socket::{
+    recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockaddrStorage,
+};
+use nix::sys::time::TimeSpec;
 use rverbs_wire::icrc::{self, Ipv4Header, Ipv6Header, ROCE_V2_PORT};
 use rverbs_wire::PacketRepr;
 
@@ -36,13 +44,24 @@ use crate::soft::context::AsyncSource;
 use crate::soft::device::SoftDevice;
 use crate::soft::memory::MrTable;
 use crate::soft::qp::QpCore;
-use crate::soft::transport::rc::RcQp;
+use crate::soft::transport::rc::{AckPolicy, RcQp};
 use crate::soft::transport::QpEvent;
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
 const MAX_PACKET: usize = 4096 + 128;
-/// Datagrams received per pass before timers and transmission get a turn.
-const RX_BUDGET: usize = 256;
+/// Datagrams (or GRO batches) received per pass before timers and
+/// transmission get a turn.
+const RX_BUDGET: usize = 64;
+/// Largest UDP payload one send (a GSO batch) may carry.
+const MAX_BATCH_BYTES: usize = 65_000;
+/// Most segments in one GSO send.
+const MAX_BATCH_SEGMENTS: usize = 64;
+/// Socket buffer sizes asked for (more with the privilege to force them).
+const SOCKET_BUFFER: usize = 4 << 20;
+const SOCKET_BUFFER_FORCED: usize = 16 << 20;
+/// How long after an application's last poll of an empty CQ the engine
+/// thread keeps off the socket.
+const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
 
 /// Counters of a device's network engine.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +72,12 @@ pub struct NetStats {
     /// Packets that could not be sent (full socket buffer, network error);
     /// the transport retransmits them.
     pub tx_errors: u64,
-    /// Datagrams received on port 4791.
+    /// Sends handed to the kernel (single packets or GSO batches).
+    pub tx_sends: u64,
+    /// RoCE packets received on port 4791.
     pub rx_packets: u64,
+    /// Receive calls that returned data (single packets or GRO batches).
+    pub rx_recvs: u64,
     /// Received packets whose ICRC did not match (corrupt, or from a sender
     /// whose IPv4 ID is not 0), dropped.
     pub rx_icrc_errors: u64,
@@ -85,6 +108,8 @@ struct State {
     stats: NetStats,
     rx: Vec<u8>,
     tx: Vec<u8>,
+    /// The kernel takes UDP GSO sends (cleared on the first refusal).
+    gso: bool,
     /// When the engine thread will wake up by itself (`None`: never).
     thread_wakes_at: Option<Instant>,
 }
@@ -93,9 +118,15 @@ struct State {
 pub(crate) struct Engine {
     state: Mutex<State>,
     waker: EventFd,
-    socket_fd: Mutex<Option<OwnedFd>>,
     thread_started: AtomicBool,
     stopped: AtomicBool,
+    /// Time base of `busy_poll_until`.
+    epoch: Instant,
+    /// Until when (nanoseconds after `epoch`) an application thread counts
+    /// as busy-polling: the engine thread then leaves the socket alone.
+    busy_poll_until: AtomicU64,
+    /// The engine thread sleeps without watching the socket.
+    thread_off_socket: AtomicBool,
 }
 
 impl Engine {
@@ -104,7 +135,16 @@ impl Engine {
         socket.set_nonblocking(true)?;
         let local = socket.local_addr()?;
         crate::soft::sys::set_dont_fragment(&socket, local.is_ipv6())?;
-        let socket_fd = socket.as_fd().try_clone_to_owned()?;
+        // Room for bursts: each QP may have a window of packets in flight
+        // before the receiver drains its socket.
+        if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER_FORCED).is_err() {
+            let _ = setsockopt(&socket, sockopt::RcvBuf, &SOCKET_BUFFER);
+        }
+        if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER_FORCED).is_err() {
+            let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
+        }
+        // GRO: take a batch of equal-sized datagrams in one receive.
+        let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         let start = (getrandom::u32().unwrap_or(0x5a5a) & 0x00ff_ffff).max(2);
         Ok(Engine {
@@ -116,13 +156,16 @@ impl Engine {
                 dirty: Vec::new(),
                 stats: NetStats::default(),
                 rx: vec![0u8; 64 * 1024],
-                tx: vec![0u8; MAX_PACKET],
+                tx: vec![0u8; MAX_BATCH_BYTES + MAX_PACKET],
+                gso: true,
                 thread_wakes_at: None,
             }),
             waker,
-            socket_fd: Mutex::new(Some(socket_fd)),
             thread_started: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            epoch: Instant::now(),
+            busy_poll_until: AtomicU64::new(0),
+            thread_off_socket: AtomicBool::new(false),
         })
     }
 
@@ -174,10 +217,13 @@ impl Engine {
     }
 
     /// Runs `f` on QP `qpn`'s slot, then transmits what it owes and
-    /// delivers its completions, on the caller's thread.
+    /// delivers its completions, on the caller's thread. A verb that sends
+    /// nothing itself (post_recv, query) holds plain ACKs back with `acks`,
+    /// so they leave with the next post_send.
     pub(crate) fn with_qp<R>(
         &self,
         dev: &SoftDevice,
+        acks: AckPolicy,
         qpn: u32,
         f: impl FnOnce(&mut QpSlot) -> R,
     ) -> Option<R> {
@@ -186,30 +232,66 @@ impl Engine {
         let r = f(slot);
         mark_dirty(&mut st, qpn);
         let now = Instant::now();
-        flush(&mut st, &dev.mrs, now);
-        self.wake_if_earlier(&st);
+        flush(&mut st, &dev.mrs, now, acks);
+        self.wake_if_earlier(&st, now);
         Some(r)
     }
 
-    /// Makes progress if no one else is: for a thread that polls an empty CQ.
-    pub(crate) fn try_progress(&self, dev: &SoftDevice) -> bool {
+    /// An application thread busy-polls a CQ: for [`BUSY_POLL_GRACE`] the
+    /// engine thread leaves the socket and the timers to it.
+    pub(crate) fn note_busy_poll(&self) {
+        let until = self.nanos_at(Instant::now() + BUSY_POLL_GRACE);
+        self.busy_poll_until.store(until, Ordering::SeqCst);
+    }
+
+    /// Makes progress if no one else is: for a thread that polls an empty
+    /// CQ. A `busy` poller (see [`note_busy_poll`](Self::note_busy_poll))
+    /// stops receiving at its first completion and holds ACKs back; one
+    /// about to sleep on an armed CQ makes a full pass.
+    pub(crate) fn try_progress(&self, dev: &SoftDevice, busy: bool) -> bool {
+        let now = Instant::now();
+        let driver = if busy { Driver::Poller } else { Driver::Engine };
         match self.state.try_lock() {
             Ok(mut st) => {
-                progress(&mut st, &dev.mrs, Instant::now());
-                self.wake_if_earlier(&st);
+                progress(&mut st, &dev.mrs, now, driver);
+                self.wake_if_earlier(&st, now);
                 true
             }
             Err(TryLockError::Poisoned(p)) => {
                 let mut st = p.into_inner();
-                progress(&mut st, &dev.mrs, Instant::now());
+                progress(&mut st, &dev.mrs, now, driver);
                 true
             }
             Err(TryLockError::WouldBlock) => false,
         }
     }
 
+    /// An application thread is about to sleep on a completion channel:
+    /// the engine thread must watch the socket again, now.
+    pub(crate) fn app_will_sleep(&self) {
+        self.busy_poll_until.store(0, Ordering::SeqCst);
+        if self.thread_off_socket.load(Ordering::SeqCst) {
+            let _ = self.waker.write(1);
+        }
+    }
+
+    fn nanos_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Until when an application thread busy-polls, if it does now.
+    fn busy_polled_until(&self, now: Instant) -> Option<Instant> {
+        let until = self.busy_poll_until.load(Ordering::SeqCst);
+        let until = self.epoch + Duration::from_nanos(until);
+        (until > now).then_some(until)
+    }
+
     /// Wakes the engine thread if a timer now falls before it would wake.
-    fn wake_if_earlier(&self, st: &State) {
+    fn wake_if_earlier(&self, st: &State, now: Instant) {
+        if st.thread_wakes_at.is_some_and(|t| t <= now) || self.busy_polled_until(now).is_some() {
+            // Awake, waking anyway, or a busy poller runs the timers.
+            return;
+        }
         let next = next_deadline(st);
         let earlier = match (next, st.thread_wakes_at) {
             (Some(n), Some(t)) => n < t,
@@ -247,50 +329,57 @@ impl Engine {
             }
             mark_dirty(&mut st, qpn);
         }
-        flush(&mut st, &dev.mrs, Instant::now());
+        flush(&mut st, &dev.mrs, Instant::now(), AckPolicy::Now);
         st.socket = None;
         drop(st);
-        self.socket_fd
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
         let _ = self.waker.write(1);
     }
 }
 
 fn engine_thread(dev: &Arc<SoftDevice>) {
     let engine = &dev.engine;
+    // The thread's own handle on the socket: it stays open while the thread
+    // sleeps on it, even if shutdown closes the engine's.
+    let socket_fd: OwnedFd = {
+        let st = engine.lock();
+        match st.socket.as_ref().map(|s| s.as_fd().try_clone_to_owned()) {
+            Some(Ok(fd)) => fd,
+            _ => return,
+        }
+    };
     loop {
         if engine.stopped.load(Ordering::Acquire) {
             return;
         }
-        let timeout = {
+        // While an application busy-polls, it owns the socket and runs the
+        // timers: sleep (without the lock) until its grace runs out.
+        let now = Instant::now();
+        if let Some(until) = engine.busy_polled_until(now) {
+            // Announce the socket is left alone, then look again whether
+            // the application still polls: app_will_sleep stores before it
+            // loads, so one of the two sees the other (both SeqCst).
+            engine.thread_off_socket.store(true, Ordering::SeqCst);
+            if engine.busy_polled_until(now).is_some() {
+                let mut fds = [PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN)];
+                let left = TimeSpec::from_duration(until.saturating_duration_since(now));
+                let _ = ppoll(&mut fds, Some(left), None);
+                let _ = engine.waker.read();
+            }
+            engine.thread_off_socket.store(false, Ordering::SeqCst);
+            continue;
+        }
+        let timer = {
             let mut st = engine.lock();
-            let next = next_deadline(&st);
-            st.thread_wakes_at = next;
-            next
+            let timer = next_deadline(&st);
+            st.thread_wakes_at = timer;
+            timer
         };
-        let poll_timeout = match timeout {
-            None => PollTimeout::NONE,
-            Some(t) => {
-                let left = t.saturating_duration_since(Instant::now());
-                PollTimeout::from(
-                    u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX),
-                )
-            }
-        };
-        let socket_fd = {
-            let guard = engine.socket_fd.lock().unwrap_or_else(|p| p.into_inner());
-            match guard.as_ref().map(|fd| fd.try_clone()) {
-                Some(Ok(fd)) => fd,
-                _ => return,
-            }
-        };
+        let timeout = timer.map(|t| TimeSpec::from_duration(t.saturating_duration_since(now)));
         let mut fds = [
-            PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN),
             PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN),
+            PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN),
         ];
-        match poll(&mut fds, poll_timeout) {
+        match ppoll(&mut fds, timeout, None) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 tracing::error!("engine poll failed: {e}");
@@ -298,9 +387,15 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
             }
         }
         let _ = engine.waker.read();
+        let now = Instant::now();
+        if engine.busy_polled_until(now).is_some() {
+            // An application polls (again): it makes the progress.
+            continue;
+        }
         let mut st = engine.lock();
-        st.thread_wakes_at = None;
-        progress(&mut st, &dev.mrs, Instant::now());
+        // Awake: it looks at the timers again before it sleeps.
+        st.thread_wakes_at = Some(now);
+        progress(&mut st, &dev.mrs, now, Driver::Engine);
     }
 }
 
@@ -320,31 +415,55 @@ fn next_deadline(st: &State) -> Option<Instant> {
         .min()
 }
 
+/// Who drives a progress pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// A thread polling an empty CQ wants completions at once: the pass
+    /// stops receiving at the first datagram that completes work, and plain
+    /// ACKs are held back ([`AckPolicy::Hold`]).
+    Poller,
+    /// The engine thread: a full receive batch, ACKs sent at once.
+    Engine,
+}
+
 /// One pass: receive a batch, run due timers, transmit and deliver.
-fn progress(st: &mut State, mem: &MrTable, now: Instant) {
-    receive(st, mem, now);
-    let due: Vec<u32> = st
-        .qps
-        .iter()
-        .filter(|(_, s)| {
-            s.rc.as_ref()
-                .and_then(RcQp::next_timeout)
-                .is_some_and(|t| t <= now)
-        })
-        .map(|(&q, _)| q)
-        .collect();
-    for qpn in due {
-        if let Some(rc) = st.qps.get_mut(&qpn).and_then(|s| s.rc.as_mut()) {
-            rc.handle_timeout(now);
+fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
+    receive(st, mem, now, driver);
+    let is_due = |s: &QpSlot| {
+        s.rc.as_ref()
+            .and_then(RcQp::next_timeout)
+            .is_some_and(|t| t <= now)
+    };
+    if st.qps.values().any(is_due) {
+        let due: Vec<u32> = st
+            .qps
+            .iter()
+            .filter(|(_, s)| is_due(s))
+            .map(|(&q, _)| q)
+            .collect();
+        for qpn in due {
+            if let Some(rc) = st.qps.get_mut(&qpn).and_then(|s| s.rc.as_mut()) {
+                rc.handle_timeout(now);
+            }
+            mark_dirty(st, qpn);
         }
-        mark_dirty(st, qpn);
     }
-    flush(st, mem, now);
+    let acks = match driver {
+        Driver::Poller => AckPolicy::Hold,
+        Driver::Engine => AckPolicy::Now,
+    };
+    flush(st, mem, now, acks);
 }
 
 /// The IP and UDP headers of a packet between `src` and `dst` as Linux
-/// writes them for an unconnected DF socket (IPv4 ID 0).
-fn headers(src: SocketAddr, dst: SocketAddr, roce_len: usize) -> ([u8; 40], usize, [u8; 8]) {
+/// writes them for an unconnected DF socket: IPv4 ID 0 — or, for segment k
+/// of a UDP GSO batch, ID k.
+fn headers(
+    src: SocketAddr,
+    dst: SocketAddr,
+    roce_len: usize,
+    id: u16,
+) -> ([u8; 40], usize, [u8; 8]) {
     let udp_len = (roce_len + 8) as u16;
     let udp = icrc::udp_header(src.port(), dst.port(), udp_len);
     let mut ip = [0u8; 40];
@@ -353,7 +472,7 @@ fn headers(src: SocketAddr, dst: SocketAddr, roce_len: usize) -> ([u8; 40], usiz
             let h = Ipv4Header {
                 src: s,
                 dst: d,
-                id: 0,
+                id,
                 dont_fragment: true,
                 tos: 0,
                 ttl: 64,
@@ -380,56 +499,103 @@ fn headers(src: SocketAddr, dst: SocketAddr, roce_len: usize) -> ([u8; 40], usiz
     (ip, ip_len, udp)
 }
 
-fn receive(st: &mut State, mem: &MrTable, now: Instant) {
+/// Room for the control messages a receive asks for (the GRO segment
+/// size), aligned as `struct cmsghdr` wants; on the stack, so a busy poll
+/// allocates nothing.
+#[repr(C, align(8))]
+struct CmsgBuffer([u8; 64]);
+
+fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
     let Some(fd) = st.socket.as_ref().map(|s| s.as_raw_fd()) else {
         return;
     };
     let local = st.local;
     let mut rx = std::mem::take(&mut st.rx);
     for _ in 0..RX_BUDGET {
-        let (n, from) = match recvfrom::<SockaddrStorage>(fd, &mut rx) {
-            Ok((n, Some(addr))) => (n, addr),
-            Ok((_, None)) => continue,
-            Err(Errno::EAGAIN) => break,
-            Err(Errno::EINTR) => continue,
-            Err(e) => {
-                tracing::warn!("receive failed: {e}");
-                break;
-            }
+        let mut cmsg = CmsgBuffer([0; 64]);
+        let (n, from, gro) = {
+            let mut iov = [IoSliceMut::new(&mut rx)];
+            let msg = match recvmsg::<SockaddrStorage>(
+                fd,
+                &mut iov,
+                Some(&mut cmsg.0),
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Ok(m) => m,
+                Err(Errno::EAGAIN) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!("receive failed: {e}");
+                    break;
+                }
+            };
+            let gro = msg.cmsgs().ok().and_then(|mut c| {
+                c.find_map(|m| match m {
+                    ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
+                    _ => None,
+                })
+            });
+            (msg.bytes, msg.address, gro)
         };
-        let Some(peer) = sockaddr(&from) else {
+        let Some(peer) = from.as_ref().and_then(sockaddr) else {
             continue;
         };
-        let pkt = &rx[..n];
-        st.stats.rx_packets += 1;
-        let (ip, ip_len, udp) = headers(peer, local, n);
-        match icrc::check(&ip[..ip_len], &udp, pkt) {
-            Ok((computed, wire)) if computed == wire => {}
-            _ => {
-                st.stats.rx_icrc_errors += 1;
-                continue;
-            }
+        st.stats.rx_recvs += 1;
+        let seg = gro.filter(|&g| g > 0).unwrap_or(n).max(1);
+        let mut completed = false;
+        for (k, pkt) in rx[..n].chunks(seg).enumerate() {
+            completed |= handle_datagram(st, mem, now, local, peer, k, pkt);
         }
-        let Ok(p) = PacketRepr::parse(pkt) else {
-            st.stats.rx_malformed += 1;
-            continue;
-        };
-        let qpn = p.bth.dest_qp;
-        let Some(slot) = st.qps.get_mut(&qpn) else {
-            st.stats.rx_unknown_qp += 1;
-            continue;
-        };
-        // Only the connected peer may talk to an RC QP.
-        if slot.peer.is_some_and(|a| a.ip() != peer.ip()) {
-            st.stats.rx_unknown_qp += 1;
-            continue;
+        if completed && driver == Driver::Poller {
+            // Hand the poller its completion before another receive call.
+            break;
         }
-        if let Some(rc) = slot.rc.as_mut() {
-            rc.handle_packet(&p, now, mem);
-        }
-        mark_dirty(st, qpn);
     }
     st.rx = rx;
+}
+
+/// Checks and dispatches one received RoCE packet, segment `k` of its
+/// datagram (a GRO batch keeps a GSO sender's segments in order, with IPv4
+/// IDs 0, 1, 2, …). Whether its QP now has completions or events to report.
+fn handle_datagram(
+    st: &mut State,
+    mem: &MrTable,
+    now: Instant,
+    local: SocketAddr,
+    peer: SocketAddr,
+    k: usize,
+    pkt: &[u8],
+) -> bool {
+    st.stats.rx_packets += 1;
+    let icrc_ok = |id: u16| {
+        let (ip, ip_len, udp) = headers(peer, local, pkt.len(), id);
+        matches!(icrc::check(&ip[..ip_len], &udp, pkt), Ok((c, w)) if c == w)
+    };
+    if !(icrc_ok(k as u16) || (k > 0 && icrc_ok(0))) {
+        st.stats.rx_icrc_errors += 1;
+        return false;
+    }
+    let Ok(p) = PacketRepr::parse(pkt) else {
+        st.stats.rx_malformed += 1;
+        return false;
+    };
+    let qpn = p.bth.dest_qp;
+    let Some(slot) = st.qps.get_mut(&qpn) else {
+        st.stats.rx_unknown_qp += 1;
+        return false;
+    };
+    // Only the connected peer may talk to an RC QP.
+    if slot.peer.is_some_and(|a| a.ip() != peer.ip()) {
+        st.stats.rx_unknown_qp += 1;
+        return false;
+    }
+    let mut completed = false;
+    if let Some(rc) = slot.rc.as_mut() {
+        rc.handle_packet(&p, now, mem);
+        completed = rc.has_events();
+    }
+    mark_dirty(st, qpn);
+    completed
 }
 
 fn sockaddr(s: &SockaddrStorage) -> Option<SocketAddr> {
@@ -440,28 +606,131 @@ fn sockaddr(s: &SockaddrStorage) -> Option<SocketAddr> {
         .map(|v6| SocketAddr::new(IpAddr::V6(v6.ip()), v6.port()))
 }
 
-/// Transmits what the dirty QPs owe and delivers their completions and events.
-fn flush(st: &mut State, mem: &MrTable, now: Instant) {
-    let local = st.local;
+/// Packets gathered for one send: `count` segments of `seg` bytes (the last
+/// may be shorter), `len` bytes in all.
+#[derive(Default, Clone, Copy)]
+struct Batch {
+    len: usize,
+    seg: usize,
+    count: usize,
+}
+
+/// Where a batch goes.
+struct Sender<'a> {
+    socket: Option<&'a UdpSocket>,
+    gso: &'a mut bool,
+    stats: &'a mut NetStats,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl Sender<'_> {
+    /// Fills each segment's ICRC for the IP ID Linux will give it and sends
+    /// the batch: one GSO send, or — without GSO — one send per packet.
+    fn send(&mut self, buf: &mut [u8], batch: Batch) {
+        let Some(sock) = self.socket else { return };
+        let (local, peer) = (self.local, self.peer);
+        let fill = |buf: &mut [u8], per_segment_ids: bool| {
+            for (k, pkt) in buf.chunks_mut(batch.seg).enumerate() {
+                let id = if per_segment_ids { k as u16 } else { 0 };
+                let (ip, ip_len, udp) = headers(local, peer, pkt.len(), id);
+                let _ = icrc::fill(&ip[..ip_len], &udp, pkt);
+            }
+        };
+        if batch.count > 1 && *self.gso {
+            fill(buf, true);
+            let seg = batch.seg as u16;
+            let cmsgs = [ControlMessage::UdpGsoSegments(&seg)];
+            let iov = [IoSlice::new(buf)];
+            let to = SockaddrStorage::from(peer);
+            match sendmsg(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::empty(), Some(&to)) {
+                Ok(_) => {
+                    self.stats.tx_sends += 1;
+                    self.stats.tx_packets += batch.count as u64;
+                    return;
+                }
+                Err(Errno::EAGAIN | Errno::ENOBUFS) => {
+                    // A full socket buffer is a drop: the transport retransmits.
+                    self.stats.tx_errors += batch.count as u64;
+                    return;
+                }
+                Err(e) => {
+                    tracing::info!("UDP GSO refused ({e}); sending packet by packet");
+                    *self.gso = false;
+                }
+            }
+        }
+        fill(buf, false);
+        for pkt in buf.chunks(batch.seg) {
+            match sock.send_to(pkt, peer) {
+                Ok(_) => {
+                    self.stats.tx_sends += 1;
+                    self.stats.tx_packets += 1;
+                }
+                Err(_) => self.stats.tx_errors += 1,
+            }
+        }
+    }
+}
+
+/// Transmits what the dirty QPs owe and delivers their completions and
+/// events. Consecutive packets of one QP with the same size go out as one
+/// UDP GSO send (the last may be shorter).
+fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     let mut tx = std::mem::take(&mut st.tx);
     let dirty = std::mem::take(&mut st.dirty);
+    let State {
+        socket,
+        qps,
+        gso,
+        stats,
+        local,
+        ..
+    } = st;
     for qpn in dirty {
-        let socket = st.socket.as_ref();
-        let Some(slot) = st.qps.get_mut(&qpn) else {
+        let Some(slot) = qps.get_mut(&qpn) else {
             continue;
         };
         slot.dirty = false;
-        if let (Some(rc), Some(peer), Some(sock)) = (slot.rc.as_mut(), slot.peer, socket) {
-            while let Some(n) = rc.poll_transmit(now, mem, &mut tx) {
-                let (ip, ip_len, udp) = headers(local, peer, n);
-                if icrc::fill(&ip[..ip_len], &udp, &mut tx[..n]).is_err() {
+        if let (Some(rc), Some(peer)) = (slot.rc.as_mut(), slot.peer) {
+            let mut out = Sender {
+                socket: socket.as_ref(),
+                gso: &mut *gso,
+                stats: &mut *stats,
+                local: *local,
+                peer,
+            };
+            let mut batch = Batch::default();
+            loop {
+                let at = batch.len;
+                let Some(n) = rc.poll_transmit(now, mem, &mut tx[at..at + MAX_PACKET], acks) else {
+                    break;
+                };
+                if batch.count > 0 && n > batch.seg {
+                    // Too big to join this batch: send it, start anew with this packet.
+                    out.send(&mut tx[..at], batch);
+                    tx.copy_within(at..at + n, 0);
+                    batch = Batch {
+                        len: n,
+                        seg: n,
+                        count: 1,
+                    };
                     continue;
                 }
-                match sock.send_to(&tx[..n], peer) {
-                    Ok(_) => st.stats.tx_packets += 1,
-                    // A full socket buffer is a drop: the transport retransmits.
-                    Err(_) => st.stats.tx_errors += 1,
+                if batch.count == 0 {
+                    batch.seg = n;
                 }
+                batch.len += n;
+                batch.count += 1;
+                let full =
+                    batch.count == MAX_BATCH_SEGMENTS || batch.len + batch.seg > MAX_BATCH_BYTES;
+                if n < batch.seg || full {
+                    out.send(&mut tx[..batch.len], batch);
+                    batch = Batch::default();
+                }
+            }
+            if batch.count > 0 {
+                out.send(&mut tx[..batch.len], batch);
             }
         }
         deliver_events(slot);

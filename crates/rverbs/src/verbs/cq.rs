@@ -106,13 +106,19 @@ impl CompletionQueue {
     /// after a disassociation.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let n = self.core.poll(wc);
+        let dev = &self.core.ctx.device;
+        // A thread polling a CQ it has not armed counts as busy-polling: the
+        // device's engine thread leaves the network to it for a while.
+        let polling = !self.core.is_armed();
+        if polling {
+            dev.engine.note_busy_poll();
+        }
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
         // Nothing yet: drive the device's progress on this thread if no one
         // else is, so a busy-polling program needs no second spinning thread.
-        let dev = &self.core.ctx.device;
-        if dev.engine.try_progress(dev) {
+        if dev.engine.try_progress(dev, polling) {
             return Ok(self.core.poll(wc));
         }
         Ok(0)
@@ -123,8 +129,12 @@ impl CompletionQueue {
     /// event on the CQ's channel (`ibv_req_notify_cq`). Completions already
     /// in the CQ do not fire it: poll after arming.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        self.core.ctx.device.check_alive(Verb::ReqNotifyCq)?;
+        let dev = &self.core.ctx.device;
+        dev.check_alive(Verb::ReqNotifyCq)?;
         self.core.arm(solicited_only);
+        // The application is about to sleep: the engine thread must watch
+        // the network for it.
+        dev.engine.app_will_sleep();
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpTyp
 use crate::soft::device::{DestroyPath, GID_TABLE_LEN, PORT_NUM};
 use crate::soft::net::peer_endpoint;
 use crate::soft::qp::QpCore;
-use crate::soft::transport::rc::{RcConfig, RcQp};
+use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
 use crate::soft::transport::{RecvWqe, SendWqe, WqeData};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::pd::ProtectionDomain;
@@ -200,7 +200,9 @@ impl QueuePair {
     pub fn state(&self) -> QpState {
         let dev = &self.core.ctx.device;
         dev.engine
-            .with_qp(dev, self.core.qpn, |slot| state_of(slot.rc.as_ref()))
+            .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| {
+                state_of(slot.rc.as_ref())
+            })
             .unwrap_or(QpState::Err)
     }
 
@@ -261,7 +263,7 @@ impl QueuePair {
         let cfg = self.rc_config(&merged);
         let peer = peer_endpoint(merged.ah_attr.dgid.to_ip());
         dev.engine
-            .with_qp(dev, core.qpn, |slot| match (from, to) {
+            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| match (from, to) {
                 (_, QpState::Reset) => {
                     slot.rc = None;
                     slot.peer = None;
@@ -430,7 +432,7 @@ impl QueuePair {
         let dev = &self.core.ctx.device;
         let (state, draining) = dev
             .engine
-            .with_qp(dev, self.core.qpn, |slot| {
+            .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| {
                 let rc = slot.rc.as_ref();
                 let state = state_of(rc);
                 (
@@ -463,7 +465,7 @@ impl QueuePair {
         let dev = &core.ctx.device;
         let caps = core.caps;
         dev.engine
-            .with_qp(dev, core.qpn, |slot| {
+            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
                 let state = state_of(slot.rc.as_ref());
                 for (index, wr) in wrs.iter().enumerate() {
                     let fail = |kind, msg: String| {
@@ -573,7 +575,7 @@ impl QueuePair {
         let dev = &core.ctx.device;
         let caps = core.caps;
         dev.engine
-            .with_qp(dev, core.qpn, |slot| {
+            .with_qp(dev, AckPolicy::Hold, core.qpn, |slot| {
                 for (index, wr) in wrs.iter().enumerate() {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))

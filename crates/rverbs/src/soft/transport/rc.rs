@@ -24,8 +24,27 @@ use crate::soft::memory::AccessKind;
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, WrOpcode};
 
-/// Most PSNs a requester has in flight unacknowledged.
-pub(crate) const WINDOW: u32 = 2048;
+/// Longest a plain ACK is held back under [`AckPolicy::Hold`].
+pub(crate) const ACK_HOLD: Duration = Duration::from_micros(20);
+
+/// Whether [`RcQp::poll_transmit`] sends a plain ACK that is due now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckPolicy {
+    /// Send it (after the QP's own requests).
+    Now,
+    /// Hold it back for up to [`ACK_HOLD`], coalescing with later ACKs: a
+    /// thread that polls a CQ gets its completion without first paying for
+    /// the ACK's send, and the ACK leaves with the next post (a ping-pong
+    /// reply), the next pass, or when its time is up.
+    Hold,
+}
+
+/// Most PSNs a requester has in flight unacknowledged: 2 MiB at a 4 KiB
+/// MTU, within what a receiving socket buffers.
+pub(crate) const WINDOW: u32 = 512;
+/// Bounds of the adaptive retransmission timer.
+const MIN_FAST_RTO: Duration = Duration::from_micros(500);
+const MAX_FAST_RTO: Duration = Duration::from_secs(1);
 /// A requester asks for an ACK at least this often within a long message.
 pub(crate) const ACK_EVERY: u32 = 64;
 /// The credit code in every ACK: no end-to-end flow control credits (as rxe).
@@ -240,8 +259,22 @@ pub(crate) struct RcQp {
     rd_atomic_inflight: u32,
     retry_left: u8,
     rnr_left: u8,
+    /// The IBTA local ACK timer: `timeout` without progress spends a retry.
     retransmit_at: Option<Instant>,
+    /// The adaptive timer: a few round trips without progress resend from
+    /// the oldest unacknowledged PSN at once, without spending a retry, so a
+    /// lost tail costs about a round trip instead of a whole `timeout`.
+    fast_rto_at: Option<Instant>,
+    fast_backoff: u32,
+    srtt: Option<Duration>,
+    /// A new packet being timed for the round-trip estimate (Karn: never a
+    /// retransmitted one).
+    rtt_probe: Option<(Psn, Instant)>,
+    /// One past the highest PSN ever transmitted.
+    sent_high: Psn,
     rnr_until: Option<Instant>,
+    /// The resume PSN of the last go-back for a lost READ response.
+    read_rewound_at: Option<Psn>,
     /// In SQD: report SQ_DRAINED once the send queue is empty.
     notify_drained: bool,
     // responder
@@ -251,6 +284,8 @@ pub(crate) struct RcQp {
     inbound: Option<Inbound>,
     resources: VecDeque<Resource>,
     responses: VecDeque<Response>,
+    /// A plain ACK held back (see [`AckPolicy::Hold`]) goes out by then.
+    ack_due: Option<Instant>,
     nak_seq_sent: bool,
     /// Whether any packet arrived yet (for COMM_EST in RTR).
     heard_from_peer: bool,
@@ -261,7 +296,7 @@ impl RcQp {
     /// A QP in INIT with `cfg`'s identity; the rest of `cfg` is set by
     /// [`enter_rtr`](Self::enter_rtr) and [`enter_rts`](Self::enter_rts).
     pub(crate) fn new(cfg: RcConfig) -> RcQp {
-        RcQp {
+        let mut qp = RcQp {
             next_psn: cfg.sq_psn,
             una: cfg.sq_psn,
             tx_psn: cfg.sq_psn,
@@ -273,17 +308,26 @@ impl RcQp {
             sq: VecDeque::new(),
             rd_atomic_inflight: 0,
             retransmit_at: None,
+            fast_rto_at: None,
+            fast_backoff: 0,
+            srtt: None,
+            rtt_probe: None,
+            sent_high: Psn::new(0),
             rnr_until: None,
+            read_rewound_at: None,
             notify_drained: false,
             msn: 0,
             rq: VecDeque::new(),
             inbound: None,
             resources: VecDeque::new(),
             responses: VecDeque::new(),
+            ack_due: None,
             nak_seq_sent: false,
             heard_from_peer: false,
             events: VecDeque::new(),
-        }
+        };
+        qp.sent_high = qp.next_psn;
+        qp
     }
 
     /// Mutable configuration, for attributes modify_qp may change in place
@@ -309,6 +353,7 @@ impl RcQp {
         self.next_psn = cfg.sq_psn;
         self.una = cfg.sq_psn;
         self.tx_psn = cfg.sq_psn;
+        self.sent_high = cfg.sq_psn;
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.cfg = cfg;
@@ -372,12 +417,32 @@ impl RcQp {
         self.events.pop_front()
     }
 
+    /// Whether completions or events wait for [`poll_event`](Self::poll_event).
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// When [`handle_timeout`](Self::handle_timeout) wants to run next.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        match (self.retransmit_at, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.retransmit_at,
+            self.fast_rto_at,
+            self.rnr_until,
+            self.ack_due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The adaptive retransmission timeout: two smoothed round trips and a
+    /// margin, doubled per unanswered resend, within `[0.5 ms, timeout]`.
+    fn fast_rto(&self) -> Duration {
+        let base = self.srtt.map_or(Duration::from_millis(1), |s| {
+            2 * s + Duration::from_micros(200)
+        });
+        let cap = self.cfg.timeout.unwrap_or(MAX_FAST_RTO).min(MAX_FAST_RTO);
+        (base * (1 << self.fast_backoff.min(10))).clamp(MIN_FAST_RTO, cap.max(MIN_FAST_RTO))
     }
 
     // ---- errors ----------------------------------------------------------
@@ -428,6 +493,7 @@ impl RcQp {
         }
         self.state = QpState::Err;
         self.retransmit_at = None;
+        self.fast_rto_at = None;
         self.rnr_until = None;
         while let Some(e) = self.sq.pop_front() {
             let status = e.status.unwrap_or(WcStatus::WrFlushErr);
@@ -462,15 +528,46 @@ impl RcQp {
     /// Writes the next packet to send into `buf` (at least
     /// `header room + MTU` bytes) and returns its length, or `None` when
     /// nothing is due. The ICRC field is left zero for the engine.
+    ///
+    /// Responses go first, except a plain ACK: it goes after this QP's own
+    /// requests, or — under [`AckPolicy::Hold`] — stays back until
+    /// [`ACK_HOLD`] has passed (see [`next_timeout`](Self::next_timeout)).
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
         mem: &dyn Memory,
         buf: &mut [u8],
+        acks: AckPolicy,
     ) -> Option<usize> {
-        if let Some(n) = self.transmit_response(mem, buf) {
+        // Only a lone ACK is held: anything queued with it goes now.
+        let plain_ack = matches!(self.responses.front(), Some(Response::Ack { .. }));
+        let lone_ack = plain_ack && self.responses.len() == 1;
+        if !plain_ack {
+            self.ack_due = None;
+            if let Some(n) = self.transmit_response(mem, buf) {
+                return Some(n);
+            }
+        }
+        if let Some(n) = self.transmit_next_request(now, mem, buf) {
             return Some(n);
         }
+        if !plain_ack {
+            return None;
+        }
+        let due = *self.ack_due.get_or_insert(now + ACK_HOLD);
+        if acks == AckPolicy::Hold && lone_ack && now < due {
+            return None;
+        }
+        self.ack_due = None;
+        self.transmit_response(mem, buf)
+    }
+
+    fn transmit_next_request(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return None;
         }
@@ -640,9 +737,19 @@ impl RcQp {
                 self.rd_atomic_inflight += 1;
             }
         }
+        let psn = self.tx_psn;
+        if !psn.is_before(self.sent_high) {
+            if self.rtt_probe.is_none() {
+                self.rtt_probe = Some((psn, now));
+            }
+            self.sent_high = next_tx;
+        }
         self.tx_psn = next_tx;
         if self.retransmit_at.is_none() {
             self.retransmit_at = self.cfg.timeout.map(|t| now + t);
+        }
+        if self.fast_rto_at.is_none() {
+            self.fast_rto_at = Some(now + self.fast_rto());
         }
         Transmit::Sent(total)
     }
@@ -791,25 +898,47 @@ impl RcQp {
         if self.rnr_until.is_some_and(|t| t <= now) {
             self.rnr_until = None;
         }
-        let Some(at) = self.retransmit_at else { return };
-        if at > now {
-            return;
-        }
-        if self.una == self.tx_psn && self.una == self.next_psn {
+        let outstanding = self.una.is_before(self.sent_high);
+        if !outstanding {
             self.retransmit_at = None;
-            return;
+            self.fast_rto_at = None;
         }
-        if self.retry_left == 0 {
-            self.fail_head(WcStatus::RetryExcErr);
-            return;
+        if self.retransmit_at.is_some_and(|t| t <= now) {
+            if self.retry_left == 0 {
+                self.fail_head(WcStatus::RetryExcErr);
+                return;
+            }
+            self.retry_left -= 1;
+            self.rewind();
+            self.retransmit_at = self.cfg.timeout.map(|t| now + t);
         }
-        self.retry_left -= 1;
-        self.rewind();
-        self.retransmit_at = self.cfg.timeout.map(|t| now + t);
+        if self.fast_rto_at.is_some_and(|t| t <= now) && self.rnr_until.is_none() {
+            self.rewind();
+            self.fast_backoff = (self.fast_backoff + 1).min(10);
+            self.fast_rto_at = Some(now + self.fast_rto());
+        }
     }
 
     /// Go back N: resend from the oldest unacknowledged PSN.
+    /// Go back N for a lost READ response, once per resume point: further
+    /// signs of the same loss (later responses, ACKs past the READ) while
+    /// the request is being asked again do not resend the window again —
+    /// if the new request is lost too, the retransmission timer resends.
+    fn rewind_for_read(&mut self) {
+        let resume = self
+            .sq
+            .iter()
+            .find(|e| e.status.is_none())
+            .map(|e| e.resume_psn());
+        if resume.is_some() && self.read_rewound_at == resume {
+            return;
+        }
+        self.read_rewound_at = resume;
+        self.rewind();
+    }
+
     fn rewind(&mut self) {
+        self.rtt_probe = None;
         self.tx_psn = match self.sq.iter().find(|e| e.status.is_none()) {
             Some(e) if e.is_read() => e.resume_psn(),
             Some(e) if e.first_psn.is_before(self.una) => self.una,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rverbs_wire::icrc::{self, Ipv4Header, ROCE_V2_PORT};
 use rverbs_wire::{PacketRepr, Psn, RnrTimer};
 
-use super::rc::{RcConfig, RcQp};
+use super::rc::{AckPolicy, RcConfig, RcQp};
 use super::{QpEvent, RecvWqe, SendWqe, WqeData};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
@@ -104,6 +104,8 @@ struct Sim {
     faults: [LinkFaults; 2],
     /// Drop everything a side sends (a dead peer).
     mute: [bool; 2],
+    /// How each side treats plain ACKs (both policies, by seed).
+    acks: [AckPolicy; 2],
     wire: BinaryHeap<InFlight>,
     seq: u64,
     start: Instant,
@@ -185,6 +187,13 @@ impl Sim {
             rng: Rng::new(seed),
             faults: [faults; 2],
             mute: [false; 2],
+            acks: [0, 1].map(|i| {
+                if (seed >> i) & 1 == 1 {
+                    AckPolicy::Hold
+                } else {
+                    AckPolicy::Now
+                }
+            }),
             wire: BinaryHeap::new(),
             seq: 0,
             start,
@@ -280,11 +289,12 @@ impl Sim {
                 if side.qp.next_timeout().is_some_and(|t| t <= self.now) {
                     side.qp.handle_timeout(self.now);
                 }
-                while let Some(n) =
-                    self.sides[i]
-                        .qp
-                        .poll_transmit(self.now, &self.sides[i].mem, &mut buf)
-                {
+                while let Some(n) = self.sides[i].qp.poll_transmit(
+                    self.now,
+                    &self.sides[i].mem,
+                    &mut buf,
+                    self.acks[i],
+                ) {
                     busy = true;
                     self.transmit(i, buf[..n].to_vec());
                 }
@@ -718,9 +728,10 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
     // No receive WR yet: RNR NAKs, retried.
     let mut buf = vec![0u8; 2048];
     for _ in 0..3 {
-        while let Some(n) = sim.sides[0]
-            .qp
-            .poll_transmit(sim.now, &sim.sides[0].mem, &mut buf)
+        while let Some(n) =
+            sim.sides[0]
+                .qp
+                .poll_transmit(sim.now, &sim.sides[0].mem, &mut buf, AckPolicy::Now)
         {
             sim.transmit(0, buf[..n].to_vec());
         }
@@ -728,9 +739,10 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
         while let Some(p) = sim.wire.pop() {
             sim.deliver(p);
         }
-        while let Some(n) = sim.sides[1]
-            .qp
-            .poll_transmit(sim.now, &sim.sides[1].mem, &mut buf)
+        while let Some(n) =
+            sim.sides[1]
+                .qp
+                .poll_transmit(sim.now, &sim.sides[1].mem, &mut buf, AckPolicy::Now)
         {
             sim.transmit(1, buf[..n].to_vec());
         }

@@ -41,6 +41,7 @@ impl RcQp {
                         }
                         self.rnr_until = Some(now + timer.duration());
                         self.retransmit_at = None;
+                        self.fast_rto_at = None;
                         self.rewind();
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
@@ -117,7 +118,7 @@ impl RcQp {
         if psn != expected {
             if expected.is_before(psn) {
                 // A gap: responses were lost. Ask again from the first missing one.
-                self.rewind();
+                self.rewind_for_read();
             }
             return;
         }
@@ -179,7 +180,7 @@ impl RcQp {
         match lost {
             Some(resume) => {
                 self.progress(resume, now);
-                self.rewind();
+                self.rewind_for_read();
             }
             None => self.progress(psn.next(), now),
         }
@@ -193,16 +194,27 @@ impl RcQp {
             return;
         }
         self.una = una;
+        self.read_rewound_at = None;
         if self.tx_psn.is_before(una) {
             self.tx_psn = una;
         }
         self.retry_left = self.cfg.retry_cnt;
         self.rnr_left = self.cfg.rnr_retry;
-        self.retransmit_at = if self.una == self.next_psn {
-            None
-        } else {
+        if let Some((psn, sent)) = self.rtt_probe {
+            if psn.is_before(una) {
+                let sample = now.saturating_duration_since(sent);
+                self.srtt = Some(self.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
+                self.rtt_probe = None;
+            }
+        }
+        self.fast_backoff = 0;
+        let outstanding = self.una.is_before(self.sent_high);
+        self.retransmit_at = if outstanding {
             self.cfg.timeout.map(|t| now + t)
+        } else {
+            None
         };
+        self.fast_rto_at = outstanding.then(|| now + self.fast_rto());
     }
 
     /// Reports finished WRs from the head of the queue, in order.
