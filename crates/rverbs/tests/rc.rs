@@ -296,3 +296,165 @@ fn remote_access_error_moves_both_to_error_and_flushes() {
         .unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::WrFlushErr);
 }
+
+/// A pseudo-random byte pattern (xorshift), different per `seed`.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn sixty_four_mib_write_and_read_byte_for_byte() {
+    const LEN: usize = 64 << 20;
+    let dev = &devices().unwrap()[0];
+    let a = side(dev.open().unwrap(), 2 * LEN);
+    let b = side(dev.open().unwrap(), LEN);
+    connect(&a, &b);
+    let data = pattern(LEN, 64);
+    a.mr.write_at(0, &data).unwrap();
+    let remote = WrOpcode::RdmaWrite {
+        remote_addr: b.mr.iova(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&SendWr::new(1, remote, &[sge(&a.mr, 0, LEN as u32)]).signaled())
+        .unwrap();
+    let read = WrOpcode::RdmaRead {
+        remote_addr: b.mr.iova(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&SendWr::new(2, read, &[sge(&a.mr, LEN as u64, LEN as u32)]).signaled())
+        .unwrap();
+    let wcs = wait_long(&a.cq, 2, Duration::from_secs(120));
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success, 0),
+            (2, WcStatus::Success, LEN as u32)
+        ]
+    );
+    let mut got = vec![0u8; LEN];
+    b.mr.read_at(0, &mut got).unwrap();
+    assert!(got == data, "the WRITE landed intact");
+    got.fill(0);
+    a.mr.read_at(LEN, &mut got).unwrap();
+    assert!(got == data, "the READ came back intact");
+}
+
+fn wait_long(cq: &CompletionQueue, n: usize, limit: Duration) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n}: {got:?}",
+            got.len()
+        );
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+    }
+    got
+}
+
+#[test]
+fn several_threads_post_on_one_qp() {
+    const THREADS: u64 = 4;
+    const PER_THREAD: u64 = 1500;
+    const MSG: usize = 24;
+    let dev = &devices().unwrap()[0];
+    let a = side(dev.open().unwrap(), 1 << 20);
+    let b = side(dev.open().unwrap(), 1 << 20);
+    connect(&a, &b);
+    let total = THREADS * PER_THREAD;
+    // Send completions, whichever thread polls them; all must succeed.
+    let completed = std::sync::atomic::AtomicU64::new(0);
+    let drain = || {
+        let mut wc = [WorkCompletion::default(); 32];
+        let n = a.cq.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        }
+        completed.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    };
+    let got = std::thread::scope(|s| {
+        // B keeps receive WRs posted: each lands in its own slot.
+        let receiver = s.spawn(|| {
+            let mut posted = 0u64;
+            let mut got = Vec::new();
+            let mut wc = [WorkCompletion::default(); 64];
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while (got.len() as u64) < total {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of {total} received",
+                    got.len()
+                );
+                while posted < total && posted - (got.len() as u64) < 200 {
+                    let slot = posted % 4096;
+                    b.qp.post_recv(&RecvWr::new(slot, &[sge(&b.mr, slot * 64, 64)]))
+                        .unwrap();
+                    posted += 1;
+                }
+                let n = b.cq.poll(&mut wc).unwrap();
+                for w in &wc[..n] {
+                    assert_eq!((w.status, w.byte_len as usize), (WcStatus::Success, MSG));
+                    let mut m = [0u8; MSG];
+                    b.mr.read_at(w.wr_id as usize * 64, &mut m).unwrap();
+                    got.push(m);
+                }
+            }
+            got
+        });
+        // Senders: each thread posts its own numbered messages on the one
+        // QP; the send queue (256) is shared, so ENOMEM means "poll, retry".
+        for t in 0..THREADS {
+            let (a, drain) = (&a, &drain);
+            s.spawn(move || {
+                for i in 0..PER_THREAD {
+                    let mut m = [0u8; MSG];
+                    m[..8].copy_from_slice(&t.to_le_bytes());
+                    m[8..16].copy_from_slice(&i.to_le_bytes());
+                    m[16..].copy_from_slice(&(t * 1_000_003 + i).to_le_bytes());
+                    let wr = SendWr::inline(t << 32 | i, WrOpcode::Send, &m).signaled();
+                    loop {
+                        match a.qp.post_send(&wr) {
+                            Ok(()) => break,
+                            Err(e) if e.errno() == nix::libc::ENOMEM => drain(),
+                            Err(e) => panic!("post_send: {e}"),
+                        }
+                    }
+                    drain();
+                }
+            });
+        }
+        receiver.join().unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while completed.load(std::sync::atomic::Ordering::Relaxed) < total {
+        assert!(Instant::now() < deadline, "send completions missing");
+        drain();
+    }
+    // Every message arrived once, intact, and each thread's in its order.
+    let mut next = [0u64; THREADS as usize];
+    for m in &got {
+        let t = u64::from_le_bytes(m[..8].try_into().unwrap());
+        let i = u64::from_le_bytes(m[8..16].try_into().unwrap());
+        let check = u64::from_le_bytes(m[16..].try_into().unwrap());
+        assert_eq!(check, t * 1_000_003 + i, "intact");
+        assert_eq!(
+            i, next[t as usize],
+            "thread {t}'s messages in order, once each"
+        );
+        next[t as usize] += 1;
+    }
+    assert_eq!(next, [PER_THREAD; THREADS as usize]);
+}

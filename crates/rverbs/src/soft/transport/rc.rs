@@ -226,6 +226,14 @@ fn read_response_opcode(pos: Position) -> Opcode {
     }
 }
 
+/// Bytes one READ request asks for at most (see [`RcQp::poll_transmit`]).
+const READ_CHUNK_BYTES: u32 = 2 << 20;
+
+/// Response packets one READ request asks for at most at `mtu`.
+fn read_chunk(mtu: u32) -> u32 {
+    (READ_CHUNK_BYTES / mtu).clamp(1, WINDOW)
+}
+
 /// Packets a message of `len` bytes needs at `mtu` (at least one).
 fn packets_for(len: u32, mtu: u32) -> u32 {
     len.div_ceil(mtu).max(1)
@@ -626,16 +634,29 @@ impl RcQp {
                 if !e.started && !self.may_issue_rd_atomic(idx) {
                     return Transmit::Blocked;
                 }
+                // A large READ is asked for a chunk at a time: the responder
+                // streams each request's responses at once, and a chunk is
+                // what the receiving socket can be expected to absorb. The
+                // next chunk goes once the previous one has fully arrived,
+                // so a READ holds one responder resource at a time.
+                // Chunks have fixed bounds, so asking again after a loss
+                // asks for exactly the rest of the chunk the responder saved.
+                if k > e.read_next {
+                    return Transmit::Blocked;
+                }
+                let per_chunk = read_chunk(mtu);
+                let chunk_end = ((e.read_next / per_chunk + 1) * per_chunk).min(e.npkts);
+                let chunk = chunk_end - e.read_next;
                 let offset = e.read_next * mtu;
                 p.bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
                 p.bth.psn = e.first_psn.add(e.read_next);
                 p.reth = Some(RethRepr {
                     va: remote_addr.wrapping_add(u64::from(offset)),
                     rkey,
-                    dma_len: e.wqe.length - offset.min(e.wqe.length),
+                    dma_len: (e.wqe.length - offset.min(e.wqe.length)).min(chunk * mtu),
                 });
                 p.bth.ack_req = true;
-                next_tx = e.first_psn.add(e.npkts);
+                next_tx = e.first_psn.add(e.read_next + chunk);
             }
             WrOpcode::AtomicCmpAndSwp {
                 remote_addr,

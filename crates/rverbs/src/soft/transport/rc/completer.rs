@@ -46,7 +46,8 @@ impl RcQp {
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.ack_through(psn.sub(1), now);
-                        if self.state == crate::wr::QpState::Err {
+                        if self.state == crate::wr::QpState::Err || self.rnr_until.is_some() {
+                            // Waiting out an RNR NAK, which goes back anyway.
                             return;
                         }
                         if self.retry_left == 0 {

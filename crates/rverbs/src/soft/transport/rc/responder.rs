@@ -364,7 +364,11 @@ impl RcQp {
         }
     }
 
+    /// Owes an RNR NAK of `psn`. The requests already behind it are
+    /// dropped without a NAK sequence error: the requester goes back to
+    /// `psn` anyway, and must not spend a retry on our slow receiver.
     fn queue_rnr(&mut self, psn: Psn) {
+        self.nak_seq_sent = true;
         self.responses.push_back(Response::Nak {
             psn,
             syndrome: Syndrome::RnrNak(self.cfg.min_rnr_timer),
