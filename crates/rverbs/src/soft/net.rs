@@ -44,7 +44,7 @@ use crate::soft::context::AsyncSource;
 use crate::soft::device::SoftDevice;
 use crate::soft::memory::MrTable;
 use crate::soft::qp::QpCore;
-use crate::soft::transport::rc::{AckPolicy, RcQp};
+use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
 use crate::soft::transport::QpEvent;
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
@@ -56,7 +56,8 @@ const RX_BUDGET: usize = 64;
 const MAX_BATCH_BYTES: usize = 65_000;
 /// Most segments in one GSO send.
 const MAX_BATCH_SEGMENTS: usize = 64;
-/// Socket buffer sizes asked for (more with the privilege to force them).
+/// Socket buffer sizes asked for (more with the privilege to force them;
+/// without it the kernel caps them at net.core.rmem_max / wmem_max).
 const SOCKET_BUFFER: usize = 4 << 20;
 const SOCKET_BUFFER_FORCED: usize = 16 << 20;
 /// How long after an application's last poll of an empty CQ the engine
@@ -86,6 +87,46 @@ pub struct NetStats {
     /// Received packets for a QP that does not exist or is connected to
     /// another peer, dropped.
     pub rx_unknown_qp: u64,
+    /// Request packets sent again (go-back-N after a loss or timeout), all
+    /// QPs, past and present.
+    pub retransmitted: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// NAK sequence errors received.
+    pub seq_naks_received: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// NAK sequence errors sent.
+    pub seq_naks_sent: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// Duplicate requests received.
+    pub duplicates: u64,
+    /// Congestion window cuts.
+    pub window_cuts: u64,
+}
+
+impl NetStats {
+    fn add(&mut self, c: &RcCounters) {
+        let RcCounters {
+            retransmitted,
+            timeouts,
+            seq_naks_received,
+            rnr_naks_received,
+            seq_naks_sent,
+            rnr_naks_sent,
+            duplicates,
+            window_cuts,
+        } = *c;
+        self.retransmitted += retransmitted;
+        self.timeouts += timeouts;
+        self.seq_naks_received += seq_naks_received;
+        self.rnr_naks_received += rnr_naks_received;
+        self.seq_naks_sent += seq_naks_sent;
+        self.rnr_naks_sent += rnr_naks_sent;
+        self.duplicates += duplicates;
+        self.window_cuts += window_cuts;
+    }
 }
 
 /// A QP on the wire.
@@ -95,6 +136,8 @@ pub(crate) struct QpSlot {
     pub(crate) rc: Option<RcQp>,
     /// The peer's UDP endpoint (from the address vector).
     pub(crate) peer: Option<SocketAddr>,
+    /// Counters of transports this QP had before a reset.
+    pub(crate) past: RcCounters,
     dirty: bool,
 }
 
@@ -120,6 +163,8 @@ pub(crate) struct Engine {
     waker: EventFd,
     thread_started: AtomicBool,
     stopped: AtomicBool,
+    /// The receive buffer the kernel gave the socket, in bytes.
+    rx_buffer: usize,
     /// Time base of `busy_poll_until`.
     epoch: Instant,
     /// Until when (nanoseconds after `epoch`) an application thread counts
@@ -137,12 +182,23 @@ impl Engine {
         crate::soft::sys::set_dont_fragment(&socket, local.is_ipv6())?;
         // Room for bursts: each QP may have a window of packets in flight
         // before the receiver drains its socket.
-        if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER_FORCED).is_err() {
-            let _ = setsockopt(&socket, sockopt::RcvBuf, &SOCKET_BUFFER);
+        // RVERBS_SOCKET_BUFFER (bytes) overrides the sizes, to tune a host
+        // or to try the data path with a small stock buffer.
+        let wanted = std::env::var("RVERBS_SOCKET_BUFFER")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        let (forced, asked) = match wanted {
+            Some(n) => (n, n),
+            None => (SOCKET_BUFFER_FORCED, SOCKET_BUFFER),
+        };
+        if setsockopt(&socket, sockopt::RcvBufForce, &forced).is_err() {
+            let _ = setsockopt(&socket, sockopt::RcvBuf, &asked);
         }
-        if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER_FORCED).is_err() {
-            let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
+        if setsockopt(&socket, sockopt::SndBufForce, &forced).is_err() {
+            let _ = setsockopt(&socket, sockopt::SndBuf, &asked);
         }
+        let rx_buffer =
+            nix::sys::socket::getsockopt(&socket, sockopt::RcvBuf).unwrap_or(SOCKET_BUFFER);
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
@@ -163,6 +219,7 @@ impl Engine {
             waker,
             thread_started: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            rx_buffer,
             epoch: Instant::now(),
             busy_poll_until: AtomicU64::new(0),
             thread_off_socket: AtomicBool::new(false),
@@ -173,9 +230,27 @@ impl Engine {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Most packets of `mtu` bytes one QP should have in flight: half of
+    /// what our receive buffer holds (the kernel charges about twice the
+    /// payload per packet), assuming the peer's is like ours — a stock
+    /// 208 KiB buffer gets a window of ~25 packets at 4 KiB instead of
+    /// overflowing and paying for it in timeouts.
+    pub(crate) fn window_limit(&self, mtu: u32) -> u32 {
+        let per_packet = 2 * (mtu as usize + 64);
+        u32::try_from(self.rx_buffer / per_packet).unwrap_or(u32::MAX)
+    }
+
     /// The engine's counters.
     pub(crate) fn stats(&self) -> NetStats {
-        self.lock().stats
+        let st = self.lock();
+        let mut stats = st.stats;
+        for slot in st.qps.values() {
+            stats.add(&slot.past);
+            if let Some(rc) = &slot.rc {
+                stats.add(&rc.counters);
+            }
+        }
+        stats
     }
 
     /// Puts `qp` on the wire (in RESET) under a fresh QP number: 24 bits,
@@ -201,6 +276,7 @@ impl Engine {
                 core: core.clone(),
                 rc: None,
                 peer: None,
+                past: RcCounters::default(),
                 dirty: false,
             },
         );
@@ -213,7 +289,12 @@ impl Engine {
     /// as destroying a QP does.
     pub(crate) fn remove_qp(&self, qpn: u32) {
         let mut st = self.lock();
-        st.qps.remove(&qpn);
+        if let Some(slot) = st.qps.remove(&qpn) {
+            st.stats.add(&slot.past);
+            if let Some(rc) = slot.rc {
+                st.stats.add(&rc.counters);
+            }
+        }
     }
 
     /// Runs `f` on QP `qpn`'s slot, then transmits what it owes and

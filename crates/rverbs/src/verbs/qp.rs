@@ -265,7 +265,9 @@ impl QueuePair {
         dev.engine
             .with_qp(dev, AckPolicy::Now, core.qpn, |slot| match (from, to) {
                 (_, QpState::Reset) => {
-                    slot.rc = None;
+                    if let Some(rc) = slot.rc.take() {
+                        slot.past.absorb(&rc.counters);
+                    }
                     slot.peer = None;
                 }
                 (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::new(cfg)),
@@ -283,7 +285,10 @@ impl QueuePair {
                         (_, QpState::Sqd) => {
                             *rc.config_mut() = cfg;
                             if from != QpState::Sqd {
-                                rc.set_sq_drain(true, merged.en_sqd_async_notify);
+                                // SQ_DRAINED is asked for per transition.
+                                let notify = mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY)
+                                    && attr.en_sqd_async_notify;
+                                rc.set_sq_drain(true, notify);
                             }
                             if mask.contains(QpAttrMask::AV) {
                                 slot.peer = Some(peer);
@@ -422,6 +427,7 @@ impl QueuePair {
             max_dest_rd_atomic: a.max_dest_rd_atomic,
             access: a.qp_access_flags,
             pkey: 0xffff,
+            max_window: self.core.ctx.device.engine.window_limit(a.path_mtu.bytes()),
         }
     }
 
@@ -437,7 +443,7 @@ impl QueuePair {
                 let state = state_of(rc);
                 (
                     state,
-                    state == QpState::Sqd && rc.is_some_and(|r| r.sq_len() > 0),
+                    state == QpState::Sqd && rc.is_some_and(RcQp::sq_draining),
                 )
             })
             .unwrap_or((QpState::Err, false));

@@ -40,8 +40,86 @@ pub(crate) enum AckPolicy {
 }
 
 /// Most PSNs a requester has in flight unacknowledged: 2 MiB at a 4 KiB
-/// MTU, within what a receiving socket buffers.
+/// MTU. The congestion window keeps it lower while the path (a receiving
+/// socket's buffer, above all) drops packets.
 pub(crate) const WINDOW: u32 = 512;
+/// The congestion window never shrinks below this many packets.
+const MIN_CWND: u32 = 8;
+/// Packets a fresh QP may send before its first ACK.
+const INITIAL_CWND: u32 = 64;
+
+/// Loss-based congestion control of one requester, in packets: slow start
+/// up to the threshold, then one packet more per window acknowledged;
+/// halved on a loss (once per window of data), back to the minimum on a
+/// timeout. A receiving socket whose buffer overflows — a host with small
+/// default buffers, a slow receiver — costs a halving, not a collapse into
+/// go-back-N storms.
+#[derive(Debug, Clone)]
+pub(crate) struct CongestionWindow {
+    /// The window never grows past this (see [`RcConfig::max_window`]).
+    limit: u32,
+    cwnd: u32,
+    ssthresh: u32,
+    /// Packets acknowledged toward the next increase (congestion avoidance).
+    acked: u32,
+    /// A loss is one event until PSNs up to here are acknowledged.
+    recovery_until: Option<Psn>,
+}
+
+impl CongestionWindow {
+    fn new(limit: u32) -> CongestionWindow {
+        let limit = limit.clamp(MIN_CWND, WINDOW);
+        CongestionWindow {
+            limit,
+            cwnd: INITIAL_CWND.min(limit),
+            ssthresh: limit,
+            acked: 0,
+            recovery_until: None,
+        }
+    }
+
+    /// Packets that may be in flight now.
+    pub(crate) fn packets(&self) -> u32 {
+        self.cwnd.min(self.limit)
+    }
+
+    /// `n` more packets acknowledged; `una` the oldest still unacknowledged.
+    fn on_ack(&mut self, n: u32, una: Psn) {
+        if self.recovery_until.is_some_and(|r| !una.is_before(r)) {
+            self.recovery_until = None;
+        }
+        if self.cwnd < self.ssthresh {
+            self.cwnd = (self.cwnd + n).min(self.limit);
+            return;
+        }
+        self.acked += n;
+        while self.acked >= self.cwnd && self.cwnd < self.limit {
+            self.acked -= self.cwnd;
+            self.cwnd += 1;
+        }
+    }
+
+    /// A packet was lost (NAK sequence error, a READ response gap, an
+    /// adaptive timeout); `sent_high` is one past the highest PSN sent.
+    fn on_loss(&mut self, sent_high: Psn) -> bool {
+        if self.recovery_until.is_some() {
+            return false;
+        }
+        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.cwnd = self.ssthresh;
+        self.acked = 0;
+        self.recovery_until = Some(sent_high);
+        true
+    }
+
+    /// Nothing came back for a whole IBTA timeout: start over.
+    fn on_timeout(&mut self, sent_high: Psn) {
+        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.cwnd = MIN_CWND;
+        self.acked = 0;
+        self.recovery_until = Some(sent_high);
+    }
+}
 /// Bounds of the adaptive retransmission timer.
 const MIN_FAST_RTO: Duration = Duration::from_micros(500);
 const MAX_FAST_RTO: Duration = Duration::from_secs(1);
@@ -74,6 +152,9 @@ pub(crate) struct RcConfig {
     /// What peers may do to this QP's memory (`qp_access_flags`).
     pub(crate) access: AccessFlags,
     pub(crate) pkey: u16,
+    /// Most packets in flight this path can take (the engine derives it
+    /// from the socket buffers), at most [`WINDOW`].
+    pub(crate) max_window: u32,
 }
 
 impl RcConfig {
@@ -94,6 +175,8 @@ struct SqEntry {
     started: bool,
     /// READ: response packets placed so far.
     read_next: u32,
+    /// READ: end of the range the last new READ request asked for.
+    read_chunk_end: u32,
     /// Set once the WQE completed; it leaves the queue in order.
     status: Option<WcStatus>,
 }
@@ -252,6 +335,42 @@ enum Refusal {
     RecvBuffer(WcStatus),
 }
 
+/// What one RC queue pair's transport went through (the engine sums them
+/// into [`NetStats`](crate::NetStats)).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RcCounters {
+    /// Request packets sent again (go-back-N after a loss or a timeout).
+    pub(crate) retransmitted: u64,
+    /// Retransmission timer expiries (adaptive or IBTA `timeout`).
+    pub(crate) timeouts: u64,
+    /// NAK sequence errors received (the peer saw a gap).
+    pub(crate) seq_naks_received: u64,
+    /// RNR NAKs received (the peer had no receive WR).
+    pub(crate) rnr_naks_received: u64,
+    /// NAK sequence errors sent (a gap in the peer's requests).
+    pub(crate) seq_naks_sent: u64,
+    /// RNR NAKs sent.
+    pub(crate) rnr_naks_sent: u64,
+    /// Duplicate requests received (answered, never executed again).
+    pub(crate) duplicates: u64,
+    /// Times the congestion window was cut.
+    pub(crate) window_cuts: u64,
+}
+
+impl RcCounters {
+    /// Adds `other`'s counts to these.
+    pub(crate) fn absorb(&mut self, other: &RcCounters) {
+        self.retransmitted += other.retransmitted;
+        self.timeouts += other.timeouts;
+        self.seq_naks_received += other.seq_naks_received;
+        self.rnr_naks_received += other.rnr_naks_received;
+        self.seq_naks_sent += other.seq_naks_sent;
+        self.rnr_naks_sent += other.rnr_naks_sent;
+        self.duplicates += other.duplicates;
+        self.window_cuts += other.window_cuts;
+    }
+}
+
 /// One RC queue pair's transport state.
 pub(crate) struct RcQp {
     cfg: RcConfig,
@@ -280,6 +399,8 @@ pub(crate) struct RcQp {
     rtt_probe: Option<(Psn, Instant)>,
     /// One past the highest PSN ever transmitted.
     sent_high: Psn,
+    cwnd: CongestionWindow,
+    pub(crate) counters: RcCounters,
     rnr_until: Option<Instant>,
     /// The resume PSN of the last go-back for a lost READ response.
     read_rewound_at: Option<Psn>,
@@ -304,6 +425,7 @@ impl RcQp {
     /// A QP in INIT with `cfg`'s identity; the rest of `cfg` is set by
     /// [`enter_rtr`](Self::enter_rtr) and [`enter_rts`](Self::enter_rts).
     pub(crate) fn new(cfg: RcConfig) -> RcQp {
+        let max_window = cfg.max_window;
         let mut qp = RcQp {
             next_psn: cfg.sq_psn,
             una: cfg.sq_psn,
@@ -321,6 +443,8 @@ impl RcQp {
             srtt: None,
             rtt_probe: None,
             sent_high: Psn::new(0),
+            cwnd: CongestionWindow::new(max_window),
+            counters: RcCounters::default(),
             rnr_until: None,
             read_rewound_at: None,
             notify_drained: false,
@@ -364,6 +488,7 @@ impl RcQp {
         self.sent_high = cfg.sq_psn;
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
+        self.cwnd = CongestionWindow::new(cfg.max_window);
         self.cfg = cfg;
         self.state = QpState::Rts;
     }
@@ -374,6 +499,12 @@ impl RcQp {
         self.state = if drain { QpState::Sqd } else { QpState::Rts };
         self.notify_drained = drain && notify;
         self.check_drained();
+    }
+
+    /// In SQD: send WRs that had started are still outstanding (those that
+    /// had not wait for RTS and do not count).
+    pub(crate) fn sq_draining(&self) -> bool {
+        self.sq.iter().any(|e| e.started && e.status.is_none())
     }
 
     /// Send WRs waiting or in flight.
@@ -398,6 +529,7 @@ impl RcQp {
             npkts,
             started: false,
             read_next: 0,
+            read_chunk_end: 0,
             status: None,
         };
         if self.state == QpState::Err {
@@ -586,7 +718,9 @@ impl RcQp {
             self.rnr_until = None;
         }
         loop {
-            if self.tx_psn == self.next_psn || self.una.distance_to(self.tx_psn) >= WINDOW {
+            if self.tx_psn == self.next_psn
+                || self.una.distance_to(self.tx_psn) >= self.cwnd.packets()
+            {
                 return None;
             }
             let idx = self
@@ -629,6 +763,7 @@ impl RcQp {
         let mut p = PacketRepr::new(bth);
         let mut payload = None;
         let mut next_tx = self.tx_psn.next();
+        let mut read_chunk_end = None;
         match e.wqe.op {
             WrOpcode::RdmaRead { remote_addr, rkey } => {
                 if !e.started && !self.may_issue_rd_atomic(idx) {
@@ -639,13 +774,18 @@ impl RcQp {
                 // what the receiving socket can be expected to absorb. The
                 // next chunk goes once the previous one has fully arrived,
                 // so a READ holds one responder resource at a time.
-                // Chunks have fixed bounds, so asking again after a loss
-                // asks for exactly the rest of the chunk the responder saved.
                 if k > e.read_next {
                     return Transmit::Blocked;
                 }
-                let per_chunk = read_chunk(mtu);
-                let chunk_end = ((e.read_next / per_chunk + 1) * per_chunk).min(e.npkts);
+                let chunk_end = if e.read_next >= e.read_chunk_end {
+                    // A new chunk, as much as the window holds now.
+                    (e.read_next + read_chunk(mtu).min(self.cwnd.packets())).min(e.npkts)
+                } else {
+                    // Asking again after a loss: always for the rest of the
+                    // chunk, so the request matches the responder's saved
+                    // range whether or not the first ask reached it.
+                    e.read_chunk_end
+                };
                 let chunk = chunk_end - e.read_next;
                 let offset = e.read_next * mtu;
                 p.bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
@@ -657,6 +797,7 @@ impl RcQp {
                 });
                 p.bth.ack_req = true;
                 next_tx = e.first_psn.add(e.read_next + chunk);
+                read_chunk_end = Some(chunk_end);
             }
             WrOpcode::AtomicCmpAndSwp {
                 remote_addr,
@@ -727,7 +868,10 @@ impl RcQp {
                     p.bth.solicited = e.wqe.solicited;
                     p.bth.ack_req = true;
                 } else {
-                    p.bth.ack_req = (k + 1) % ACK_EVERY == 0;
+                    // Ask for an ACK regularly, and whenever this packet
+                    // fills the window, so a sender held by it is answered.
+                    let fills = self.una.distance_to(self.tx_psn) + 1 >= self.cwnd.packets();
+                    p.bth.ack_req = (k + 1) % ACK_EVERY == 0 || fills;
                 }
                 payload = Some((offset, len));
             }
@@ -752,6 +896,9 @@ impl RcQp {
             }
         }
         let e = &mut self.sq[idx];
+        if let Some(end) = read_chunk_end {
+            e.read_chunk_end = end;
+        }
         if !e.started {
             e.started = true;
             if e.is_rd_atomic() {
@@ -759,7 +906,9 @@ impl RcQp {
             }
         }
         let psn = self.tx_psn;
-        if !psn.is_before(self.sent_high) {
+        if psn.is_before(self.sent_high) {
+            self.counters.retransmitted += 1;
+        } else {
             if self.rtt_probe.is_none() {
                 self.rtt_probe = Some((psn, now));
             }
@@ -930,17 +1079,21 @@ impl RcQp {
                 return;
             }
             self.retry_left -= 1;
+            self.counters.timeouts += 1;
+            self.counters.window_cuts += 1;
+            self.cwnd.on_timeout(self.sent_high);
             self.rewind();
             self.retransmit_at = self.cfg.timeout.map(|t| now + t);
         }
         if self.fast_rto_at.is_some_and(|t| t <= now) && self.rnr_until.is_none() {
+            self.counters.timeouts += 1;
+            self.cut_window();
             self.rewind();
             self.fast_backoff = (self.fast_backoff + 1).min(10);
             self.fast_rto_at = Some(now + self.fast_rto());
         }
     }
 
-    /// Go back N: resend from the oldest unacknowledged PSN.
     /// Go back N for a lost READ response, once per resume point: further
     /// signs of the same loss (later responses, ACKs past the READ) while
     /// the request is being asked again do not resend the window again —
@@ -955,9 +1108,18 @@ impl RcQp {
             return;
         }
         self.read_rewound_at = resume;
+        self.cut_window();
         self.rewind();
     }
 
+    /// A loss was detected: the congestion window shrinks (once per window).
+    pub(super) fn cut_window(&mut self) {
+        if self.cwnd.on_loss(self.sent_high) {
+            self.counters.window_cuts += 1;
+        }
+    }
+
+    /// Go back N: resend from the oldest unacknowledged PSN.
     fn rewind(&mut self) {
         self.rtt_probe = None;
         self.tx_psn = match self.sq.iter().find(|e| e.status.is_none()) {
@@ -969,7 +1131,7 @@ impl RcQp {
     }
 
     fn check_drained(&mut self) {
-        if self.state == QpState::Sqd && self.notify_drained && self.sq.is_empty() {
+        if self.state == QpState::Sqd && self.notify_drained && !self.sq_draining() {
             self.notify_drained = false;
             self.events
                 .push_back(QpEvent::Async(AsyncEventType::SqDrained));

@@ -28,6 +28,7 @@ impl RcQp {
                 match aeth.syndrome {
                     Syndrome::Ack { .. } => self.ack_through(psn, now),
                     Syndrome::RnrNak(timer) => {
+                        self.counters.rnr_naks_received += 1;
                         self.ack_through(psn.sub(1), now);
                         if self.state == crate::wr::QpState::Err {
                             return;
@@ -45,6 +46,7 @@ impl RcQp {
                         self.rewind();
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
+                        self.counters.seq_naks_received += 1;
                         self.ack_through(psn.sub(1), now);
                         if self.state == crate::wr::QpState::Err || self.rnr_until.is_some() {
                             // Waiting out an RNR NAK, which goes back anyway.
@@ -55,6 +57,7 @@ impl RcQp {
                             return;
                         }
                         self.retry_left -= 1;
+                        self.cut_window();
                         self.rewind();
                     }
                     Syndrome::Nak(code) => {
@@ -163,11 +166,17 @@ impl RcQp {
             return;
         }
         let mut lost = None;
+        // An ACK inside a READ (the responder is past the chunk it asked
+        // for) acknowledges no more than the READ responses placed so far.
+        let mut upto = psn.next();
         for e in self.sq.iter_mut() {
             if e.status.is_some() {
                 continue;
             }
             if psn.is_before(e.last_psn()) {
+                if e.is_read() && e.resume_psn().is_before(upto) {
+                    upto = e.resume_psn();
+                }
                 break;
             }
             if e.is_rd_atomic() {
@@ -183,7 +192,7 @@ impl RcQp {
                 self.progress(resume, now);
                 self.rewind_for_read();
             }
-            None => self.progress(psn.next(), now),
+            None => self.progress(upto, now),
         }
         self.pop_completed();
     }
@@ -194,6 +203,7 @@ impl RcQp {
         if !self.una.is_before(una) {
             return;
         }
+        self.cwnd.on_ack(self.una.distance_to(una), una);
         self.una = una;
         self.read_rewound_at = None;
         if self.tx_psn.is_before(una) {

@@ -19,6 +19,7 @@ impl RcQp {
                 // A gap: one NAK per gap, then drop until the missing PSN comes.
                 if !self.nak_seq_sent {
                     self.nak_seq_sent = true;
+                    self.counters.seq_naks_sent += 1;
                     self.responses.push_back(Response::Nak {
                         psn: self.epsn,
                         syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
@@ -271,6 +272,7 @@ impl RcQp {
     /// A request with a PSN already executed: acknowledge again, or replay
     /// the READ response or atomic result, never executing twice.
     fn duplicate(&mut self, pkt: &PacketRepr<'_>, mem: &dyn Memory) {
+        self.counters.duplicates += 1;
         let Some(info) = pkt.info() else { return };
         let psn = pkt.bth.psn;
         match info.operation {
@@ -288,18 +290,19 @@ impl RcQp {
                         rkey,
                         len,
                     } if first_psn.distance_to(psn) < npkts => {
-                        Some((first_psn.distance_to(psn), va, rkey, len))
+                        Some((first_psn, npkts, va, rkey, len))
                     }
                     _ => None,
                 });
-                // Replay only the range the saved request covered from this PSN on.
-                let Some((k, va, rkey, len)) = saved else {
+                // Replay any part of the saved range from this PSN on (the
+                // requester may ask again for less, as rxe allows).
+                let Some((saved_psn, saved_npkts, va, rkey, len)) = saved else {
                     return;
                 };
-                let skip = k * mtu;
+                let skip = saved_psn.distance_to(psn) * mtu;
                 if reth.rkey != rkey
                     || reth.va != va.wrapping_add(u64::from(skip))
-                    || reth.dma_len != len.saturating_sub(skip)
+                    || reth.dma_len > len.saturating_sub(skip)
                 {
                     return;
                 }
@@ -317,8 +320,12 @@ impl RcQp {
                     self.refuse(psn, Refusal::Access);
                     return;
                 }
-                // Drop what is still queued of the older attempt; resend from here.
-                self.responses.retain(|r| !matches!(r, Response::Read { first_psn, .. } if first_psn.distance_to(psn) < packets_for(len, mtu)));
+                // Drop what is still queued of an older attempt at the same
+                // READ (not of other READs); resend from here.
+                self.responses.retain(|r| {
+                    !matches!(r, Response::Read { first_psn, .. }
+                        if saved_psn.distance_to(*first_psn) < saved_npkts)
+                });
                 self.responses.push_back(Response::Read {
                     first_psn: psn,
                     k: 0,
@@ -369,6 +376,7 @@ impl RcQp {
     /// `psn` anyway, and must not spend a retry on our slow receiver.
     fn queue_rnr(&mut self, psn: Psn) {
         self.nak_seq_sent = true;
+        self.counters.rnr_naks_sent += 1;
         self.responses.push_back(Response::Nak {
             psn,
             syndrome: Syndrome::RnrNak(self.cfg.min_rnr_timer),
