@@ -60,6 +60,9 @@ const MAX_BATCH_SEGMENTS: usize = 64;
 /// without it the kernel caps them at net.core.rmem_max / wmem_max).
 const SOCKET_BUFFER: usize = 4 << 20;
 const SOCKET_BUFFER_FORCED: usize = 16 << 20;
+/// How long the engine thread keeps polling the socket after it last
+/// received something, before it sleeps.
+const RX_SPIN: Duration = Duration::from_micros(50);
 /// How long after an application's last poll of an empty CQ the engine
 /// thread keeps off the socket.
 const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
@@ -428,6 +431,10 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
             _ => return,
         }
     };
+    // After a pass that received something, keep polling the socket for a
+    // while before sleeping: a stream's next batch is then picked up without
+    // the sender's kernel having to wake this thread for every batch.
+    let mut spin_until: Option<Instant> = None;
     loop {
         if engine.stopped.load(Ordering::Acquire) {
             return;
@@ -435,6 +442,24 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
         // While an application busy-polls, it owns the socket and runs the
         // timers: sleep (without the lock) until its grace runs out.
         let now = Instant::now();
+        if let Some(until) = spin_until.filter(|&u| now < u) {
+            if engine.busy_polled_until(now).is_none() {
+                let mut st = engine.lock();
+                st.thread_wakes_at = Some(now);
+                let before = st.stats.rx_recvs;
+                progress(&mut st, &dev.mrs, now, Driver::Engine);
+                let got = st.stats.rx_recvs != before;
+                drop(st);
+                spin_until = if got {
+                    Some(now + RX_SPIN)
+                } else {
+                    Some(until)
+                };
+                std::hint::spin_loop();
+                continue;
+            }
+        }
+        spin_until = None;
         if let Some(until) = engine.busy_polled_until(now) {
             // Announce the socket is left alone, then look again whether
             // the application still polls: app_will_sleep stores before it
@@ -476,7 +501,11 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
         let mut st = engine.lock();
         // Awake: it looks at the timers again before it sleeps.
         st.thread_wakes_at = Some(now);
+        let before = st.stats.rx_recvs;
         progress(&mut st, &dev.mrs, now, Driver::Engine);
+        if st.stats.rx_recvs != before {
+            spin_until = Some(now + RX_SPIN);
+        }
     }
 }
 
