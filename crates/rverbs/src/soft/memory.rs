@@ -21,7 +21,7 @@
 //! window must not open another on any MR (the transport always copies
 //! through a packet buffer, so it never needs to).
 
-use std::collections::HashMap;
+use crate::soft::keymap::KeyMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -413,23 +413,23 @@ impl MrCore {
 
 /// The device's MRs by key.
 pub(crate) struct MrTable {
-    by_key: RwLock<HashMap<u32, Arc<MrCore>>>,
+    by_key: RwLock<KeyMap<Arc<MrCore>>>,
     limit: usize,
 }
 
 impl MrTable {
     pub(crate) fn new(limit: usize) -> MrTable {
         MrTable {
-            by_key: RwLock::new(HashMap::new()),
+            by_key: RwLock::new(KeyMap::default()),
             limit,
         }
     }
 
-    fn map_read(&self) -> RwLockReadGuard<'_, HashMap<u32, Arc<MrCore>>> {
+    fn map_read(&self) -> RwLockReadGuard<'_, KeyMap<Arc<MrCore>>> {
         self.by_key.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn map_write(&self) -> RwLockWriteGuard<'_, HashMap<u32, Arc<MrCore>>> {
+    fn map_write(&self) -> RwLockWriteGuard<'_, KeyMap<Arc<MrCore>>> {
         self.by_key.write().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -553,7 +553,7 @@ impl MrTable {
 
 /// A random key not in use: neither 0 nor all ones, which some programs treat
 /// as "no key".
-fn fresh_key(taken: &HashMap<u32, Arc<MrCore>>) -> u32 {
+fn fresh_key(taken: &KeyMap<Arc<MrCore>>) -> u32 {
     loop {
         let k = random_u32();
         if k != 0 && k != u32::MAX && !taken.contains_key(&k) {

@@ -13,6 +13,7 @@ pub mod config;
 pub(crate) mod context;
 pub(crate) mod cq;
 pub mod device;
+pub(crate) mod keymap;
 pub(crate) mod memory;
 pub mod net;
 pub(crate) mod notify;

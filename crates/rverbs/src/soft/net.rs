@@ -20,7 +20,6 @@
 //! Linux sender on such a socket); other packets fail the check, are
 //! counted and dropped.
 
-use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -42,6 +41,7 @@ use rverbs_wire::PacketRepr;
 use crate::event::AsyncEventType;
 use crate::soft::context::AsyncSource;
 use crate::soft::device::SoftDevice;
+use crate::soft::keymap::KeyMap;
 use crate::soft::memory::MrTable;
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
@@ -147,7 +147,7 @@ pub(crate) struct QpSlot {
 struct State {
     socket: Option<UdpSocket>,
     local: SocketAddr,
-    qps: HashMap<u32, QpSlot>,
+    qps: KeyMap<QpSlot>,
     next_qpn: u32,
     /// QPs that may owe packets or events.
     dirty: Vec<u32>,
@@ -210,7 +210,7 @@ impl Engine {
             state: Mutex::new(State {
                 socket: Some(socket),
                 local,
-                qps: HashMap::new(),
+                qps: KeyMap::default(),
                 next_qpn: start,
                 dirty: Vec::new(),
                 stats: NetStats::default(),
@@ -323,8 +323,8 @@ impl Engine {
 
     /// An application thread busy-polls a CQ: for [`BUSY_POLL_GRACE`] the
     /// engine thread leaves the socket and the timers to it.
-    pub(crate) fn note_busy_poll(&self) {
-        let until = self.nanos_at(Instant::now() + BUSY_POLL_GRACE);
+    pub(crate) fn note_busy_poll(&self, now: Instant) {
+        let until = self.nanos_at(now + BUSY_POLL_GRACE);
         self.busy_poll_until.store(until, Ordering::SeqCst);
     }
 
@@ -332,8 +332,7 @@ impl Engine {
     /// CQ. A `busy` poller (see [`note_busy_poll`](Self::note_busy_poll))
     /// stops receiving at its first completion and holds ACKs back; one
     /// about to sleep on an armed CQ makes a full pass.
-    pub(crate) fn try_progress(&self, dev: &SoftDevice, busy: bool) -> bool {
-        let now = Instant::now();
+    pub(crate) fn try_progress(&self, dev: &SoftDevice, busy: bool, now: Instant) -> bool {
         let driver = if busy { Driver::Poller } else { Driver::Engine };
         match self.state.try_lock() {
             Ok(mut st) => {

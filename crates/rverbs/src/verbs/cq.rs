@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::error::{Error, Rejected, Result, Verb};
 use crate::soft::context::ContextCore;
@@ -106,19 +107,21 @@ impl CompletionQueue {
     /// after a disassociation.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let n = self.core.poll(wc);
-        let dev = &self.core.ctx.device;
-        // A thread polling a CQ it has not armed counts as busy-polling: the
-        // device's engine thread leaves the network to it for a while.
-        let polling = !self.core.is_armed();
-        if polling {
-            dev.engine.note_busy_poll();
-        }
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
+        let dev = &self.core.ctx.device;
+        let now = Instant::now();
+        // A thread polling an empty CQ it has not armed counts as
+        // busy-polling: the device's engine thread leaves the network to it
+        // for a while.
+        let polling = !self.core.is_armed();
+        if polling {
+            dev.engine.note_busy_poll(now);
+        }
         // Nothing yet: drive the device's progress on this thread if no one
         // else is, so a busy-polling program needs no second spinning thread.
-        if dev.engine.try_progress(dev, polling) {
+        if dev.engine.try_progress(dev, polling, now) {
             return Ok(self.core.poll(wc));
         }
         Ok(0)
