@@ -29,6 +29,19 @@ pub const UDP_HEADER_LEN: usize = 8;
 /// the IP packet whose header is `ip_header` (IPv4 with any options, or the
 /// fixed IPv6 header) and the UDP header `udp_header`.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> {
+    compute_vectored(ip_header, udp_header, roce, &[])
+}
+
+/// [`compute`] over a packet in pieces, as a sender that sends straight from
+/// several buffers has it: `head` (starting with the whole BTH) then each of
+/// `rest`, together BTH through pad without the ICRC.
+pub fn compute_vectored(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    head: &[u8],
+    rest: &[&[u8]],
+) -> Result<u32> {
+    let roce = head;
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&[0xff; 8]);
     match ip_header.first().map(|b| b >> 4) {
@@ -79,6 +92,9 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
     bth[4] = 0xff;
     hasher.update(&bth);
     hasher.update(&roce[BTH_LEN..]);
+    for piece in rest {
+        hasher.update(piece);
+    }
     Ok(hasher.finalize())
 }
 
@@ -229,6 +245,22 @@ mod tests {
         assert_eq!(compute(&ip, &udp, &roce[..32]).unwrap(), want);
         ip[5] ^= 1; // identification
         assert_ne!(compute(&ip, &udp, &roce[..32]).unwrap(), want);
+    }
+
+    #[test]
+    fn vectored_equals_contiguous() {
+        let (ip, udp, roce) = scapy_vector();
+        let body = &roce[..roce.len() - ICRC_LEN];
+        let whole = compute(&ip, &udp, body).unwrap();
+        for cut in [BTH_LEN, BTH_LEN + 1, body.len() - 1, body.len()] {
+            let (head, tail) = body.split_at(cut);
+            let (a, b) = tail.split_at(tail.len() / 2);
+            assert_eq!(compute_vectored(&ip, &udp, head, &[a, b]).unwrap(), whole);
+        }
+        assert!(
+            compute_vectored(&ip, &udp, &body[..4], &[&body[4..]]).is_err(),
+            "head without the whole BTH"
+        );
     }
 
     #[test]

@@ -290,6 +290,22 @@ impl MrState {
         })
     }
 
+    /// [`read_window`](Self::read_window) through `key`, refusing a key the
+    /// MR no longer has (re-keyed since it was looked up).
+    pub(crate) fn keyed_read_window(
+        &self,
+        key: u32,
+        va: u64,
+        len: usize,
+        kind: AccessKind,
+        pd: Option<u64>,
+    ) -> Result<ReadWindow<'_>, AccessError> {
+        if self.key != key {
+            return Err(AccessError::NoSuchKey(key));
+        }
+        self.read_window(va, len, kind, pd)
+    }
+
     /// A window to write `[va, va+len)`. Needs `&mut self`: the MR's write lock.
     pub(crate) fn write_window(
         &mut self,
@@ -334,10 +350,24 @@ fn copy_out(ptr: *const u8, len: usize, dst: &mut [u8]) -> usize {
     n
 }
 
-impl ReadWindow<'_> {
+impl<'a> ReadWindow<'a> {
     /// Copies the start of the window into `dst`; returns bytes copied.
     pub(crate) fn read_into(&self, dst: &mut [u8]) -> usize {
         copy_out(self.ptr, self.len, dst)
+    }
+
+    /// The window's bytes, for as long as the read lock behind it is held:
+    /// what the engine hands the kernel to send straight from the MR.
+    pub(crate) fn into_slice(self) -> &'a [u8] {
+        // SAFETY: `ptr..ptr+len` is inside the registered region (checked
+        // when the window was made; `ptr` is never null), which stays
+        // allocated while the MR read lock that `'a` borrows is held (dereg
+        // and rereg take the write lock). Nothing writes it meanwhile: every
+        // write into an MR — the device's and the owner's `write_at` — goes
+        // through a write window under the write lock, and memory registered
+        // through `reg_mr_raw` may not be touched by its owner except through
+        // the MR (that function's contract).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
@@ -465,6 +495,12 @@ impl MrTable {
     /// Forgets a key: later lookups fail.
     pub(crate) fn remove(&self, key: u32) {
         self.map_write().remove(&key);
+    }
+
+    /// The MR `key` names, to open windows on under its read lock
+    /// ([`MrState::keyed_read_window`]).
+    pub(crate) fn mr(&self, key: u32) -> Result<Arc<MrCore>, AccessError> {
+        self.lookup(key)
     }
 
     fn lookup(&self, key: u32) -> Result<Arc<MrCore>, AccessError> {

@@ -22,6 +22,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -36,16 +37,17 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeSpec;
 use rverbs_wire::icrc::{self, Ipv4Header, Ipv6Header, ROCE_V2_PORT};
+use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
 
 use crate::event::AsyncEventType;
 use crate::soft::context::AsyncSource;
 use crate::soft::device::SoftDevice;
 use crate::soft::keymap::KeyMap;
-use crate::soft::memory::MrTable;
+use crate::soft::memory::{MrCore, MrTable};
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
-use crate::soft::transport::QpEvent;
+use crate::soft::transport::{PayloadRef, QpEvent, TxBuffer};
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
 const MAX_PACKET: usize = 4096 + 128;
@@ -154,6 +156,10 @@ struct State {
     stats: NetStats,
     rx: Vec<u8>,
     tx: Vec<u8>,
+    /// Payloads of the batch being built that go straight from MRs.
+    tx_refs: Vec<PayloadRef>,
+    /// Packets of the batch being built.
+    tx_pkts: Vec<TxPacket>,
     /// The kernel takes UDP GSO sends (cleared on the first refusal).
     gso: bool,
     /// When the engine thread will wake up by itself (`None`: never).
@@ -216,6 +222,8 @@ impl Engine {
                 stats: NetStats::default(),
                 rx: vec![0u8; 64 * 1024],
                 tx: vec![0u8; MAX_BATCH_BYTES + MAX_PACKET],
+                tx_refs: Vec::new(),
+                tx_pkts: Vec::new(),
                 gso: true,
                 thread_wakes_at: None,
             }),
@@ -724,6 +732,62 @@ struct Batch {
     count: usize,
 }
 
+/// One packet of a batch: its length in the transmit buffer, and which of
+/// the batch's payload references fill it.
+#[derive(Debug, Clone)]
+struct TxPacket {
+    len: usize,
+    refs: Range<usize>,
+}
+
+/// The pieces of one packet to hand the kernel, in order: bytes of the
+/// transmit buffer around payloads sent straight from registered memory.
+fn packet_pieces<'a>(
+    pkt: &'a [u8],
+    refs: &[PayloadRef],
+    payloads: &[&'a [u8]],
+    out: &mut Vec<&'a [u8]>,
+) {
+    let mut pos = 0;
+    for (r, payload) in refs.iter().zip(payloads) {
+        let at = r.at as usize;
+        if at > pos {
+            out.push(&pkt[pos..at]);
+        }
+        out.push(payload);
+        pos = at + r.len as usize;
+    }
+    if pos < pkt.len() {
+        out.push(&pkt[pos..]);
+    }
+}
+
+/// The I/O vector of packets `range` of a batch in `buf`.
+fn iovecs<'a>(
+    buf: &'a [u8],
+    pkts: &[TxPacket],
+    refs: &[PayloadRef],
+    payloads: &[&'a [u8]],
+    range: Range<usize>,
+) -> Vec<IoSlice<'a>> {
+    let mut iov = Vec::new();
+    let mut pieces = Vec::new();
+    let mut off: usize = pkts[..range.start].iter().map(|p| p.len).sum();
+    for p in &pkts[range] {
+        pieces.clear();
+        let r = p.refs.clone();
+        packet_pieces(
+            &buf[off..off + p.len],
+            &refs[r.clone()],
+            &payloads[r],
+            &mut pieces,
+        );
+        iov.extend(pieces.iter().map(|b| IoSlice::new(b)));
+        off += p.len;
+    }
+    iov
+}
+
 /// Where a batch goes.
 struct Sender<'a> {
     socket: Option<&'a UdpSocket>,
@@ -734,24 +798,79 @@ struct Sender<'a> {
 }
 
 impl Sender<'_> {
-    /// Fills each segment's ICRC for the IP ID Linux will give it and sends
-    /// the batch: one GSO send, or — without GSO — one send per packet.
-    fn send(&mut self, buf: &mut [u8], batch: Batch) {
+    /// Sends a batch: one GSO send, or — without GSO — one send per packet.
+    /// Payloads described in `refs` go straight from their MRs, read-locked
+    /// until the kernel has copied them; each packet's ICRC is computed over
+    /// its pieces for the IP ID Linux will give it.
+    fn send(
+        &mut self,
+        mem: &MrTable,
+        buf: &mut [u8],
+        batch: Batch,
+        pkts: &[TxPacket],
+        refs: &[PayloadRef],
+    ) {
         let Some(sock) = self.socket else { return };
+        // Pin the memory: each MR once, under its read lock.
+        let mut mrs: Vec<(u32, Arc<MrCore>)> = Vec::new();
+        for r in refs {
+            if mrs.iter().all(|(k, _)| *k != r.key) {
+                match mem.mr(r.key) {
+                    Ok(mr) => mrs.push((r.key, mr)),
+                    // Deregistered since the packet was built: a loss; the
+                    // retransmission fails the WR with a protection error.
+                    Err(_) => return self.stats.tx_errors += batch.count as u64,
+                }
+            }
+        }
+        let guards: Vec<_> = mrs.iter().map(|(_, mr)| mr.read()).collect();
+        let mut payloads: Vec<&[u8]> = Vec::with_capacity(refs.len());
+        for r in refs {
+            let Some(i) = mrs.iter().position(|(k, _)| *k == r.key) else {
+                return self.stats.tx_errors += batch.count as u64;
+            };
+            match guards[i].keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd)) {
+                Ok(w) => payloads.push(w.into_slice()),
+                Err(_) => return self.stats.tx_errors += batch.count as u64,
+            }
+        }
         let (local, peer) = (self.local, self.peer);
         let fill = |buf: &mut [u8], per_segment_ids: bool| {
-            for (k, pkt) in buf.chunks_mut(batch.seg).enumerate() {
-                let id = if per_segment_ids { k as u16 } else { 0 };
-                let (ip, ip_len, udp) = headers(local, peer, pkt.len(), id);
-                let _ = icrc::fill(&ip[..ip_len], &udp, pkt);
+            let crcs: Vec<u32> = {
+                let buf = &*buf;
+                let mut off = 0;
+                let mut pieces = Vec::new();
+                pkts.iter()
+                    .enumerate()
+                    .map(|(k, p)| {
+                        let id = if per_segment_ids { k as u16 } else { 0 };
+                        let (ip, ip_len, udp) = headers(local, peer, p.len, id);
+                        let body = &buf[off..off + p.len - ICRC_LEN];
+                        off += p.len;
+                        pieces.clear();
+                        let r = p.refs.clone();
+                        packet_pieces(body, &refs[r.clone()], &payloads[r], &mut pieces);
+                        match pieces.split_first() {
+                            Some((head, rest)) => {
+                                icrc::compute_vectored(&ip[..ip_len], &udp, head, rest).unwrap_or(0)
+                            }
+                            None => 0,
+                        }
+                    })
+                    .collect()
+            };
+            let mut off = 0;
+            for (p, crc) in pkts.iter().zip(crcs) {
+                off += p.len;
+                buf[off - ICRC_LEN..off].copy_from_slice(&crc.to_le_bytes());
             }
         };
+        let to = SockaddrStorage::from(peer);
         if batch.count > 1 && *self.gso {
             fill(buf, true);
             let seg = batch.seg as u16;
             let cmsgs = [ControlMessage::UdpGsoSegments(&seg)];
-            let iov = [IoSlice::new(buf)];
-            let to = SockaddrStorage::from(peer);
+            let iov = iovecs(buf, pkts, refs, &payloads, 0..pkts.len());
             match sendmsg(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::empty(), Some(&to)) {
                 Ok(_) => {
                     self.stats.tx_sends += 1;
@@ -770,8 +889,9 @@ impl Sender<'_> {
             }
         }
         fill(buf, false);
-        for pkt in buf.chunks(batch.seg) {
-            match sock.send_to(pkt, peer) {
+        for k in 0..pkts.len() {
+            let iov = iovecs(buf, pkts, refs, &payloads, k..k + 1);
+            match sendmsg(sock.as_raw_fd(), &iov, &[], MsgFlags::empty(), Some(&to)) {
                 Ok(_) => {
                     self.stats.tx_sends += 1;
                     self.stats.tx_packets += 1;
@@ -779,14 +899,19 @@ impl Sender<'_> {
                 Err(_) => self.stats.tx_errors += 1,
             }
         }
+        drop(payloads);
+        drop(guards);
     }
 }
 
 /// Transmits what the dirty QPs owe and delivers their completions and
 /// events. Consecutive packets of one QP with the same size go out as one
-/// UDP GSO send (the last may be shorter).
+/// UDP GSO send (the last may be shorter), their payloads straight from the
+/// registered memory they come from.
 fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     let mut tx = std::mem::take(&mut st.tx);
+    let mut refs = std::mem::take(&mut st.tx_refs);
+    let mut pkts = std::mem::take(&mut st.tx_pkts);
     let dirty = std::mem::take(&mut st.dirty);
     let State {
         socket,
@@ -810,15 +935,35 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 peer,
             };
             let mut batch = Batch::default();
+            refs.clear();
+            pkts.clear();
             loop {
                 let at = batch.len;
-                let Some(n) = rc.poll_transmit(now, mem, &mut tx[at..at + MAX_PACKET], acks) else {
+                let first_ref = refs.len();
+                let mut buf = TxBuffer {
+                    bytes: &mut tx[at..at + MAX_PACKET],
+                    refs: Some(&mut refs),
+                };
+                let Some(n) = rc.poll_transmit(now, mem, &mut buf, acks) else {
                     break;
                 };
                 if batch.count > 0 && n > batch.seg {
-                    // Too big to join this batch: send it, start anew with this packet.
-                    out.send(&mut tx[..at], batch);
-                    tx.copy_within(at..at + n, 0);
+                    // Too big to join this batch: send it, start anew with
+                    // this packet (moving what of it the buffer holds).
+                    out.send(mem, &mut tx[..at], batch, &pkts, &refs[..first_ref]);
+                    let mut pos = 0;
+                    for r in &refs[first_ref..] {
+                        let start = r.at as usize;
+                        tx.copy_within(at + pos..at + start, pos);
+                        pos = start + r.len as usize;
+                    }
+                    tx.copy_within(at + pos..at + n, pos);
+                    refs.drain(..first_ref);
+                    pkts.clear();
+                    pkts.push(TxPacket {
+                        len: n,
+                        refs: 0..refs.len(),
+                    });
                     batch = Batch {
                         len: n,
                         seg: n,
@@ -826,6 +971,10 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                     };
                     continue;
                 }
+                pkts.push(TxPacket {
+                    len: n,
+                    refs: first_ref..refs.len(),
+                });
                 if batch.count == 0 {
                     batch.seg = n;
                 }
@@ -834,17 +983,21 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 let full =
                     batch.count == MAX_BATCH_SEGMENTS || batch.len + batch.seg > MAX_BATCH_BYTES;
                 if n < batch.seg || full {
-                    out.send(&mut tx[..batch.len], batch);
+                    out.send(mem, &mut tx[..batch.len], batch, &pkts, &refs);
                     batch = Batch::default();
+                    refs.clear();
+                    pkts.clear();
                 }
             }
             if batch.count > 0 {
-                out.send(&mut tx[..batch.len], batch);
+                out.send(mem, &mut tx[..batch.len], batch, &pkts, &refs);
             }
         }
         deliver_events(slot);
     }
     st.tx = tx;
+    st.tx_refs = refs;
+    st.tx_pkts = pkts;
 }
 
 /// Hands a QP's completions to its CQs and its async events to its context.

@@ -121,6 +121,82 @@ impl Memory for MrTable {
     }
 }
 
+/// A stretch of registered memory a packet's payload is sent from
+/// directly, instead of being copied into the packet buffer first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PayloadRef {
+    /// Offset in the packet where these bytes belong.
+    pub(crate) at: u32,
+    pub(crate) key: u32,
+    pub(crate) va: u64,
+    pub(crate) len: u32,
+    /// The PD the access was checked against.
+    pub(crate) pd: u64,
+    pub(crate) kind: AccessKind,
+}
+
+/// Where [`rc::RcQp::poll_transmit`] builds a packet.
+pub(crate) struct TxBuffer<'a> {
+    /// The packet: headers, payload, pad and a zero ICRC — except payload
+    /// bytes described in `refs`, which are left unwritten.
+    pub(crate) bytes: &'a mut [u8],
+    /// `None`: payloads are copied into `bytes`. `Some`: payloads from
+    /// registered memory are checked and described here (appended), for the
+    /// engine to send straight from the MR.
+    pub(crate) refs: Option<&'a mut Vec<PayloadRef>>,
+}
+
+impl<'a> TxBuffer<'a> {
+    /// A buffer that receives whole packets.
+    #[cfg(test)]
+    pub(crate) fn copying(bytes: &'a mut [u8]) -> TxBuffer<'a> {
+        TxBuffer { bytes, refs: None }
+    }
+}
+
+/// Checks the send SGEs' stretch `[offset, offset + len)` for reading and
+/// describes it, to go at packet offset `at`, into `refs`.
+pub(crate) fn refer(
+    mem: &dyn Memory,
+    pd: u64,
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+    mut at: u32,
+    refs: &mut Vec<PayloadRef>,
+) -> Result<(), AccessError> {
+    let start = refs.len();
+    let mut left = len as u64;
+    for sge in sges {
+        if left == 0 {
+            break;
+        }
+        let sge_len = u64::from(sge.length);
+        if offset >= sge_len {
+            offset -= sge_len;
+            continue;
+        }
+        let n = (sge_len - offset).min(left);
+        let va = sge.addr.wrapping_add(offset);
+        if let Err(e) = mem.check(sge.lkey, va, n, pd, AccessKind::LocalRead) {
+            refs.truncate(start);
+            return Err(e);
+        }
+        refs.push(PayloadRef {
+            at,
+            key: sge.lkey,
+            va,
+            len: n as u32,
+            pd,
+            kind: AccessKind::LocalRead,
+        });
+        at += n as u32;
+        left -= n;
+        offset = 0;
+    }
+    Ok(())
+}
+
 /// Where a send WQE's bytes come from.
 #[derive(Debug, Clone)]
 pub(crate) enum WqeData {

@@ -17,7 +17,7 @@ use rverbs_wire::{
     Position, Psn, RethRepr, RnrTimer, Syndrome, Transport,
 };
 
-use super::{gather, Memory, QpEvent, RecvWqe, SendWqe, WqeData};
+use super::{gather, refer, Memory, PayloadRef, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
 use crate::soft::memory::AccessKind;
@@ -676,7 +676,7 @@ impl RcQp {
         &mut self,
         now: Instant,
         mem: &dyn Memory,
-        buf: &mut [u8],
+        buf: &mut TxBuffer<'_>,
         acks: AckPolicy,
     ) -> Option<usize> {
         // Only a lone ACK is held: anything queued with it goes now.
@@ -706,7 +706,7 @@ impl RcQp {
         &mut self,
         now: Instant,
         mem: &dyn Memory,
-        buf: &mut [u8],
+        buf: &mut TxBuffer<'_>,
     ) -> Option<usize> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return None;
@@ -749,7 +749,7 @@ impl RcQp {
         idx: usize,
         now: Instant,
         mem: &dyn Memory,
-        buf: &mut [u8],
+        tx: &mut TxBuffer<'_>,
     ) -> Transmit {
         let mtu = self.cfg.mtu;
         let e = &self.sq[idx];
@@ -877,18 +877,23 @@ impl RcQp {
             }
         }
         let (offset, len) = payload.unwrap_or((0, 0));
-        let Ok(total) = p.emit_around_payload(len as usize, buf) else {
+        let Ok(total) = p.emit_around_payload(len as usize, tx.bytes) else {
             return Transmit::Blocked;
         };
         if len > 0 {
             let start = p.header_len();
-            let dst = &mut buf[start..start + len as usize];
-            let copied = match &e.wqe.data {
-                WqeData::Inline(data) => {
+            let dst = &mut tx.bytes[start..start + len as usize];
+            let pd = self.cfg.pd;
+            let copied = match (&e.wqe.data, tx.refs.as_deref_mut()) {
+                (WqeData::Inline(data), _) => {
                     dst.copy_from_slice(&data[offset as usize..(offset + len) as usize]);
                     Ok(())
                 }
-                WqeData::Sges(sges) => gather(mem, self.cfg.pd, sges, u64::from(offset), dst),
+                (WqeData::Sges(sges), Some(refs)) => {
+                    let at = u32::try_from(start).unwrap_or(u32::MAX);
+                    refer(mem, pd, sges, u64::from(offset), len as usize, at, refs)
+                }
+                (WqeData::Sges(sges), None) => gather(mem, pd, sges, u64::from(offset), dst),
             };
             if copied.is_err() {
                 self.fail_at(idx, WcStatus::LocProtErr);
@@ -948,7 +953,7 @@ impl RcQp {
             .any(|e| e.is_rd_atomic() && e.status.is_none())
     }
 
-    fn transmit_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+    fn transmit_response(&mut self, mem: &dyn Memory, tx: &mut TxBuffer<'_>) -> Option<usize> {
         let r = *self.responses.front()?;
         let mut bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, self.cfg.dest_qpn, Psn::new(0));
         bth.pkey = self.cfg.pkey;
@@ -961,13 +966,13 @@ impl RcQp {
                     msn,
                 });
                 self.responses.pop_front();
-                p.emit(buf).ok()?
+                p.emit(tx.bytes).ok()?
             }
             Response::Nak { psn, syndrome, msn } => {
                 p.bth.psn = psn;
                 p.aeth = Some(AethRepr { syndrome, msn });
                 self.responses.pop_front();
-                p.emit(buf).ok()?
+                p.emit(tx.bytes).ok()?
             }
             Response::Atomic { psn, orig, msn } => {
                 p.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
@@ -978,7 +983,7 @@ impl RcQp {
                 });
                 p.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                 self.responses.pop_front();
-                p.emit(buf).ok()?
+                p.emit(tx.bytes).ok()?
             }
             Response::Read {
                 first_psn,
@@ -1001,21 +1006,37 @@ impl RcQp {
                         msn,
                     });
                 }
-                let total = p.emit_around_payload(plen as usize, buf).ok()?;
+                let total = p.emit_around_payload(plen as usize, tx.bytes).ok()?;
                 let start = p.header_len();
                 let va = va.wrapping_add(u64::from(offset));
-                let read = mem.read(
-                    rkey,
-                    va,
-                    self.cfg.pd,
-                    AccessKind::RemoteRead,
-                    &mut buf[start..start + plen as usize],
-                );
+                let pd = self.cfg.pd;
+                let read = match tx.refs.as_deref_mut() {
+                    Some(refs) if plen > 0 => {
+                        let kind = AccessKind::RemoteRead;
+                        mem.check(rkey, va, u64::from(plen), pd, kind).map(|()| {
+                            refs.push(PayloadRef {
+                                at: u32::try_from(start).unwrap_or(u32::MAX),
+                                key: rkey,
+                                va,
+                                len: plen,
+                                pd,
+                                kind,
+                            });
+                        })
+                    }
+                    _ => mem.read(
+                        rkey,
+                        va,
+                        pd,
+                        AccessKind::RemoteRead,
+                        &mut tx.bytes[start..start + plen as usize],
+                    ),
+                };
                 if read.is_err() {
                     // The MR went away after the request was checked.
                     self.responses.pop_front();
                     self.refuse(p.bth.psn, Refusal::Access);
-                    return self.transmit_response(mem, buf);
+                    return self.transmit_response(mem, tx);
                 }
                 if k + 1 == npkts {
                     self.responses.pop_front();

@@ -14,7 +14,7 @@ use rverbs_wire::icrc::{self, Ipv4Header, ROCE_V2_PORT};
 use rverbs_wire::{PacketRepr, Psn, RnrTimer};
 
 use super::rc::{AckPolicy, RcConfig, RcQp};
-use super::{QpEvent, RecvWqe, SendWqe, WqeData};
+use super::{Memory, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
 use crate::soft::memory::{MrCore, MrState, MrTable, Region};
@@ -106,6 +106,9 @@ struct Sim {
     mute: [bool; 2],
     /// How each side treats plain ACKs (both policies, by seed).
     acks: [AckPolicy; 2],
+    /// Payloads described by reference instead of copied (by seed), as the
+    /// engine builds packets.
+    zero_copy: bool,
     wire: BinaryHeap<InFlight>,
     seq: u64,
     start: Instant,
@@ -195,6 +198,7 @@ impl Sim {
                     AckPolicy::Now
                 }
             }),
+            zero_copy: (seed >> 2) & 1 == 1,
             wire: BinaryHeap::new(),
             seq: 0,
             start,
@@ -288,6 +292,7 @@ impl Sim {
     /// Runs until both sides are quiet (true) or the clock reaches `stop`.
     fn run_until(&mut self, stop: Instant) -> bool {
         let mut buf = vec![0u8; MTU as usize + 128];
+        let mut refs = Vec::new();
         loop {
             if self.now >= stop {
                 return false;
@@ -298,12 +303,26 @@ impl Sim {
                 if side.qp.next_timeout().is_some_and(|t| t <= self.now) {
                     side.qp.handle_timeout(self.now);
                 }
-                while let Some(n) = self.sides[i].qp.poll_transmit(
-                    self.now,
-                    &self.sides[i].mem,
-                    &mut buf,
-                    self.acks[i],
-                ) {
+                loop {
+                    refs.clear();
+                    let zero_copy = self.zero_copy;
+                    let mut tx = TxBuffer {
+                        bytes: &mut buf,
+                        refs: zero_copy.then_some(&mut refs),
+                    };
+                    let side = &mut self.sides[i];
+                    let Some(n) = side
+                        .qp
+                        .poll_transmit(self.now, &side.mem, &mut tx, self.acks[i])
+                    else {
+                        break;
+                    };
+                    // Zero-copy: fetch the payloads as the engine's send would.
+                    for r in &refs {
+                        let at = r.at as usize;
+                        let dst = &mut buf[at..at + r.len as usize];
+                        Memory::read(&side.mem, r.key, r.va, r.pd, r.kind, dst).unwrap();
+                    }
                     busy = true;
                     self.transmit(i, buf[..n].to_vec());
                 }
@@ -737,22 +756,24 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
     // No receive WR yet: RNR NAKs, retried.
     let mut buf = vec![0u8; 2048];
     for _ in 0..3 {
-        while let Some(n) =
-            sim.sides[0]
-                .qp
-                .poll_transmit(sim.now, &sim.sides[0].mem, &mut buf, AckPolicy::Now)
-        {
+        while let Some(n) = sim.sides[0].qp.poll_transmit(
+            sim.now,
+            &sim.sides[0].mem,
+            &mut TxBuffer::copying(&mut buf),
+            AckPolicy::Now,
+        ) {
             sim.transmit(0, buf[..n].to_vec());
         }
         sim.now += Duration::from_micros(10);
         while let Some(p) = sim.wire.pop() {
             sim.deliver(p);
         }
-        while let Some(n) =
-            sim.sides[1]
-                .qp
-                .poll_transmit(sim.now, &sim.sides[1].mem, &mut buf, AckPolicy::Now)
-        {
+        while let Some(n) = sim.sides[1].qp.poll_transmit(
+            sim.now,
+            &sim.sides[1].mem,
+            &mut TxBuffer::copying(&mut buf),
+            AckPolicy::Now,
+        ) {
             sim.transmit(1, buf[..n].to_vec());
         }
         sim.now += Duration::from_micros(10);
