@@ -32,13 +32,13 @@ use nix::errno::Errno;
 use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{
-    recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockaddrStorage,
+    recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags, SockaddrStorage,
 };
 use nix::sys::time::TimeSpec;
 use rverbs_wire::icrc::{self, Ipv4Header, Ipv6Header, ROCE_V2_PORT};
 use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
+use smallvec::SmallVec;
 
 use crate::event::AsyncEventType;
 use crate::soft::context::AsyncSource;
@@ -46,6 +46,7 @@ use crate::soft::device::SoftDevice;
 use crate::soft::keymap::KeyMap;
 use crate::soft::memory::{MrCore, MrTable};
 use crate::soft::qp::QpCore;
+use crate::soft::sys;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
 use crate::soft::transport::{PayloadRef, QpEvent, TxBuffer};
 
@@ -746,7 +747,7 @@ fn packet_pieces<'a>(
     pkt: &'a [u8],
     refs: &[PayloadRef],
     payloads: &[&'a [u8]],
-    out: &mut Vec<&'a [u8]>,
+    out: &mut SmallVec<[&'a [u8]; 8]>,
 ) {
     let mut pos = 0;
     for (r, payload) in refs.iter().zip(payloads) {
@@ -762,28 +763,40 @@ fn packet_pieces<'a>(
     }
 }
 
-/// The I/O vector of packets `range` of a batch in `buf`.
+/// The errno of an I/O error (EIO if it has none).
+fn errno(e: io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(Errno::EIO as i32))
+}
+
+/// The I/O vector of packets `range` of a batch in `buf`: the buffer's
+/// bytes between payloads sent from MRs as few slices as possible (a batch
+/// without such payloads is one slice).
 fn iovecs<'a>(
     buf: &'a [u8],
     pkts: &[TxPacket],
     refs: &[PayloadRef],
     payloads: &[&'a [u8]],
     range: Range<usize>,
-) -> Vec<IoSlice<'a>> {
-    let mut iov = Vec::new();
-    let mut pieces = Vec::new();
+) -> SmallVec<[IoSlice<'a>; 16]> {
+    let mut iov = SmallVec::new();
     let mut off: usize = pkts[..range.start].iter().map(|p| p.len).sum();
+    // The stretch of `buf` not yet added.
+    let mut pending = off..off;
     for p in &pkts[range] {
-        pieces.clear();
-        let r = p.refs.clone();
-        packet_pieces(
-            &buf[off..off + p.len],
-            &refs[r.clone()],
-            &payloads[r],
-            &mut pieces,
-        );
-        iov.extend(pieces.iter().map(|b| IoSlice::new(b)));
+        for (r, payload) in refs[p.refs.clone()].iter().zip(&payloads[p.refs.clone()]) {
+            let at = off + r.at as usize;
+            pending.end = at;
+            if !pending.is_empty() {
+                iov.push(IoSlice::new(&buf[pending.clone()]));
+            }
+            iov.push(IoSlice::new(payload));
+            pending = at + r.len as usize..at + r.len as usize;
+        }
         off += p.len;
+        pending.end = off;
+    }
+    if !pending.is_empty() {
+        iov.push(IoSlice::new(&buf[pending]));
     }
     iov
 }
@@ -836,10 +849,10 @@ impl Sender<'_> {
         }
         let (local, peer) = (self.local, self.peer);
         let fill = |buf: &mut [u8], per_segment_ids: bool| {
-            let crcs: Vec<u32> = {
+            let crcs: SmallVec<[u32; MAX_BATCH_SEGMENTS]> = {
                 let buf = &*buf;
                 let mut off = 0;
-                let mut pieces = Vec::new();
+                let mut pieces = SmallVec::new();
                 pkts.iter()
                     .enumerate()
                     .map(|(k, p)| {
@@ -869,9 +882,8 @@ impl Sender<'_> {
         if batch.count > 1 && *self.gso {
             fill(buf, true);
             let seg = batch.seg as u16;
-            let cmsgs = [ControlMessage::UdpGsoSegments(&seg)];
             let iov = iovecs(buf, pkts, refs, &payloads, 0..pkts.len());
-            match sendmsg(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::empty(), Some(&to)) {
+            match sys::send_to(sock, &iov, Some(seg), &to).map_err(errno) {
                 Ok(_) => {
                     self.stats.tx_sends += 1;
                     self.stats.tx_packets += batch.count as u64;
@@ -891,7 +903,7 @@ impl Sender<'_> {
         fill(buf, false);
         for k in 0..pkts.len() {
             let iov = iovecs(buf, pkts, refs, &payloads, k..k + 1);
-            match sendmsg(sock.as_raw_fd(), &iov, &[], MsgFlags::empty(), Some(&to)) {
+            match sys::send_to(sock, &iov, None, &to) {
                 Ok(_) => {
                     self.stats.tx_sends += 1;
                     self.stats.tx_packets += 1;

@@ -1,5 +1,5 @@
-//! The socket options std and nix do not wrap. The only `unsafe` outside
-//! `memory.rs`.
+//! The socket calls std and nix do not wrap (or wrap with an allocation
+//! per call). With `memory.rs`, the only `unsafe` of the device.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -49,5 +49,55 @@ pub(crate) fn set_dont_fragment(fd: &impl AsRawFd, ipv6: bool) -> io::Result<()>
             libc::IP_MTU_DISCOVER,
             libc::IP_PMTUDISC_DO,
         )
+    }
+}
+
+/// Room for one `UDP_SEGMENT` control message, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct GsoControl([u8; 32]);
+
+/// `sendmsg(2)` of `iov` to `to`, as one UDP GSO batch of `gso_size`-byte
+/// segments when given. Unlike nix's wrapper it allocates nothing, which
+/// matters on the latency path (one send per message).
+pub(crate) fn send_to(
+    fd: &impl AsRawFd,
+    iov: &[std::io::IoSlice<'_>],
+    gso_size: Option<u16>,
+    to: &nix::sys::socket::SockaddrStorage,
+) -> io::Result<usize> {
+    use nix::sys::socket::SockaddrLike;
+    let mut control = GsoControl([0; 32]);
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = to.as_ptr().cast_mut().cast();
+    msg.msg_namelen = to.len();
+    // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix.
+    msg.msg_iov = iov.as_ptr().cast_mut().cast();
+    msg.msg_iovlen = iov.len() as _;
+    if let Some(size) = gso_size {
+        let data_len = std::mem::size_of::<u16>() as u32;
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+        debug_assert!(space <= control.0.len());
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` zeroed, cmsghdr-aligned
+        // bytes that outlive the call, so CMSG_FIRSTHDR returns a header
+        // inside them with room for CMSG_LEN(2) bytes, the u16 included.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_UDP;
+            (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size);
+        }
+    }
+    // SAFETY: `fd` is an open socket; msg points at the address, the
+    // iovecs (borrowed for the call) and the control bytes, all live.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, 0) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }

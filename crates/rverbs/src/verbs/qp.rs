@@ -13,7 +13,7 @@ use crate::soft::device::{DestroyPath, GID_TABLE_LEN, PORT_NUM};
 use crate::soft::net::peer_endpoint;
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
-use crate::soft::transport::{RecvWqe, SendWqe, WqeData};
+use crate::soft::transport::{InlineData, RecvWqe, SendWqe, SgeList, WqeData};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::pd::ProtectionDomain;
 use crate::wr::{Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
@@ -514,7 +514,7 @@ impl QueuePair {
                                 );
                             }
                             let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-                            (WqeData::Sges(sges.to_vec()), len)
+                            (WqeData::Sges(SgeList::from_slice(sges)), len)
                         }
                         Payload::Inline(data) => {
                             if is_rd_atomic {
@@ -533,7 +533,10 @@ impl QueuePair {
                                     ),
                                 );
                             }
-                            (WqeData::Inline(data.into()), data.len() as u64)
+                            (
+                                WqeData::Inline(InlineData::from_slice(data)),
+                                data.len() as u64,
+                            )
                         }
                     };
                     if length > MAX_MSG {
@@ -611,7 +614,7 @@ impl QueuePair {
                     let length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
                     rc.post_recv(RecvWqe {
                         wr_id: wr.wr_id,
-                        sges: wr.sg_list.to_vec(),
+                        sges: SgeList::from_slice(wr.sg_list),
                         length,
                     });
                 }

@@ -11,6 +11,8 @@ pub(crate) mod rc;
 #[cfg(test)]
 mod sim;
 
+use smallvec::SmallVec;
+
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
 use crate::soft::memory::{AccessError, AccessKind, MrTable};
@@ -197,13 +199,19 @@ pub(crate) fn refer(
     Ok(())
 }
 
+/// A WR's scatter/gather list: up to two entries without a heap allocation.
+pub(crate) type SgeList = SmallVec<[Sge; 2]>;
+
+/// Inline data of a send WR: up to 64 bytes without a heap allocation.
+pub(crate) type InlineData = SmallVec<[u8; 64]>;
+
 /// Where a send WQE's bytes come from.
 #[derive(Debug, Clone)]
 pub(crate) enum WqeData {
     /// Gathered from registered memory when each packet is built.
-    Sges(Vec<Sge>),
+    Sges(SgeList),
     /// Copied at post time.
-    Inline(Box<[u8]>),
+    Inline(InlineData),
 }
 
 /// A posted send work request, owned by the QP until it completes.
@@ -223,7 +231,7 @@ pub(crate) struct SendWqe {
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: SgeList,
     /// Total bytes the scatter list holds.
     pub(crate) length: u64,
 }

@@ -14,7 +14,9 @@ use rverbs_wire::icrc::{self, Ipv4Header, ROCE_V2_PORT};
 use rverbs_wire::{PacketRepr, Psn, RnrTimer};
 
 use super::rc::{AckPolicy, RcConfig, RcQp};
-use super::{Memory, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
+use smallvec::smallvec;
+
+use super::{InlineData, Memory, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
 use crate::soft::memory::{MrCore, MrState, MrTable, Region};
@@ -415,7 +417,7 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
         };
         sim.sides[1].qp.post_recv(RecvWqe {
             wr_id: 1000 + i as u64,
-            sges: vec![sge],
+            sges: smallvec![sge],
             length: 4096,
         });
     }
@@ -509,7 +511,7 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
         sim.sides[0].qp.post_send(SendWqe {
             wr_id: i as u64,
             op,
-            data: WqeData::Sges(sges),
+            data: WqeData::Sges(sges.into()),
             length,
             signaled: true,
             solicited,
@@ -703,7 +705,7 @@ fn dead_peer_ends_in_retry_exc_err_not_a_hang() {
         sim.sides[0].qp.post_send(SendWqe {
             wr_id: i,
             op: WrOpcode::Send,
-            data: WqeData::Sges(vec![Sge {
+            data: WqeData::Sges(smallvec![Sge {
                 addr: a_base,
                 length: 100,
                 lkey: a_key,
@@ -743,7 +745,7 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
     sim.sides[0].qp.post_send(SendWqe {
         wr_id: 1,
         op: WrOpcode::Send,
-        data: WqeData::Sges(vec![Sge {
+        data: WqeData::Sges(smallvec![Sge {
             addr: a_base,
             length: 16,
             lkey: a_key,
@@ -790,7 +792,7 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
     );
     sim.sides[1].qp.post_recv(RecvWqe {
         wr_id: 9,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: b_base,
             length: 64,
             lkey: b_key,
@@ -811,7 +813,7 @@ fn rnr_retry_budget_runs_out() {
     sim.sides[0].qp.post_send(SendWqe {
         wr_id: 1,
         op: WrOpcode::Send,
-        data: WqeData::Sges(vec![Sge {
+        data: WqeData::Sges(smallvec![Sge {
             addr: a_base,
             length: 16,
             lkey: a_key,
@@ -859,7 +861,7 @@ fn remote_access_errors_leave_responder_memory_untouched() {
             sim.sides[0].qp.post_send(SendWqe {
                 wr_id,
                 op,
-                data: WqeData::Sges(vec![Sge {
+                data: WqeData::Sges(smallvec![Sge {
                     addr: a_base,
                     length,
                     lkey: a_key,
@@ -896,7 +898,7 @@ fn receive_buffer_too_small_is_loc_len_err_and_rem_inv_req_err() {
     let (b_key, b_base) = register(&sim.sides[1].mem, 8192, all_access());
     sim.sides[1].qp.post_recv(RecvWqe {
         wr_id: 5,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: b_base,
             length: 100,
             lkey: b_key,
@@ -905,7 +907,7 @@ fn receive_buffer_too_small_is_loc_len_err_and_rem_inv_req_err() {
     });
     sim.sides[1].qp.post_recv(RecvWqe {
         wr_id: 6,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: b_base,
             length: 100,
             lkey: b_key,
@@ -915,7 +917,7 @@ fn receive_buffer_too_small_is_loc_len_err_and_rem_inv_req_err() {
     sim.sides[0].qp.post_send(SendWqe {
         wr_id: 1,
         op: WrOpcode::Send,
-        data: WqeData::Sges(vec![Sge {
+        data: WqeData::Sges(smallvec![Sge {
             addr: a_base,
             length: 2000,
             lkey: a_key,
@@ -945,7 +947,7 @@ fn bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     sim.sides[0].qp.post_send(SendWqe {
         wr_id: 1,
         op: WrOpcode::Send,
-        data: WqeData::Sges(vec![Sge {
+        data: WqeData::Sges(smallvec![Sge {
             addr: a_base,
             length: 16,
             lkey: a_key ^ 1,
@@ -990,7 +992,7 @@ fn duplicated_atomics_execute_once_and_reads_replay() {
                 compare: 10 + i,
                 swap: 11 + i,
             },
-            data: WqeData::Sges(vec![Sge {
+            data: WqeData::Sges(smallvec![Sge {
                 addr: a_base + i * 8,
                 length: 8,
                 lkey: a_key,
@@ -1047,7 +1049,7 @@ fn a_large_read_is_asked_for_in_chunks_and_survives_loss() {
         for wr_id in [5, 8] {
             sim.sides[1].qp.post_recv(RecvWqe {
                 wr_id,
-                sges: vec![Sge {
+                sges: smallvec![Sge {
                     addr: r_base + if wr_id == 5 { 0 } else { 32 },
                     length: 16,
                     lkey: r_key,
@@ -1058,7 +1060,7 @@ fn a_large_read_is_asked_for_in_chunks_and_survives_loss() {
         sim.sides[0].qp.post_send(SendWqe {
             wr_id: 4,
             op: WrOpcode::Send,
-            data: WqeData::Inline(b"before".to_vec().into()),
+            data: WqeData::Inline(InlineData::from_slice(b"before")),
             length: 6,
             signaled: true,
             solicited: false,
@@ -1070,7 +1072,7 @@ fn a_large_read_is_asked_for_in_chunks_and_survives_loss() {
                 remote_addr: b_base,
                 rkey: b_key,
             },
-            data: WqeData::Sges(vec![Sge {
+            data: WqeData::Sges(smallvec![Sge {
                 addr: a_base,
                 length: LEN as u32,
                 lkey: a_key,
@@ -1084,7 +1086,7 @@ fn a_large_read_is_asked_for_in_chunks_and_survives_loss() {
         sim.sides[0].qp.post_send(SendWqe {
             wr_id: 9,
             op: WrOpcode::Send,
-            data: WqeData::Inline(b"after".to_vec().into()),
+            data: WqeData::Inline(InlineData::from_slice(b"after")),
             length: 5,
             signaled: true,
             solicited: false,
@@ -1125,7 +1127,7 @@ fn a_slow_receiver_costs_rnr_waits_not_retries() {
         sim.sides[0].qp.post_send(SendWqe {
             wr_id: i,
             op: WrOpcode::Send,
-            data: WqeData::Sges(vec![Sge {
+            data: WqeData::Sges(smallvec![Sge {
                 addr: a_base,
                 length: 32,
                 lkey: a_key,
@@ -1140,7 +1142,7 @@ fn a_slow_receiver_costs_rnr_waits_not_retries() {
     for i in 0..40u64 {
         sim.sides[1].qp.post_recv(RecvWqe {
             wr_id: i,
-            sges: vec![Sge {
+            sges: smallvec![Sge {
                 addr: b_base + i * 64,
                 length: 64,
                 lkey: b_key,
@@ -1185,7 +1187,7 @@ fn many_pipelined_reads_survive_loss() {
                     remote_addr: b_base + off,
                     rkey: b_key,
                 },
-                data: WqeData::Sges(vec![Sge {
+                data: WqeData::Sges(smallvec![Sge {
                     addr: a_base + off,
                     length: LEN as u32,
                     lkey: a_key,
@@ -1229,7 +1231,7 @@ fn an_ack_inside_a_read_acknowledges_only_the_responses_placed() {
     let (r_key, r_base) = register(&sim.sides[1].mem, 64, all_access());
     sim.sides[1].qp.post_recv(RecvWqe {
         wr_id: 1,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: r_base,
             length: 16,
             lkey: r_key,
@@ -1239,7 +1241,7 @@ fn an_ack_inside_a_read_acknowledges_only_the_responses_placed() {
     sim.sides[0].qp.post_send(SendWqe {
         wr_id: 1,
         op: WrOpcode::Send,
-        data: WqeData::Inline(b"first".to_vec().into()),
+        data: WqeData::Inline(InlineData::from_slice(b"first")),
         length: 5,
         signaled: true,
         solicited: false,
@@ -1251,7 +1253,7 @@ fn an_ack_inside_a_read_acknowledges_only_the_responses_placed() {
             remote_addr: b_base,
             rkey: b_key,
         },
-        data: WqeData::Sges(vec![Sge {
+        data: WqeData::Sges(smallvec![Sge {
             addr: a_base,
             length: LEN as u32,
             lkey: a_key,
