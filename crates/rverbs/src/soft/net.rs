@@ -540,13 +540,16 @@ enum Driver {
     /// stops receiving at the first datagram that completes work, and plain
     /// ACKs are held back ([`AckPolicy::Hold`]).
     Poller,
-    /// The engine thread: a full receive batch, ACKs sent at once.
+    /// The engine thread: a full receive batch; ACKs held while packets
+    /// keep arriving, sent as soon as a pass finds none.
     Engine,
 }
 
 /// One pass: receive a batch, run due timers, transmit and deliver.
 fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
+    let before = st.stats.rx_recvs;
     receive(st, mem, now, driver);
+    let received = st.stats.rx_recvs != before;
     let is_due = |s: &QpSlot| {
         s.rc.as_ref()
             .and_then(RcQp::next_timeout)
@@ -568,7 +571,21 @@ fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
     }
     let acks = match driver {
         Driver::Poller => AckPolicy::Hold,
-        Driver::Engine => AckPolicy::Now,
+        // While a stream arrives, ACKs coalesce; once it pauses (a pass
+        // that received nothing), every held ACK goes at once.
+        Driver::Engine if received => AckPolicy::Hold,
+        Driver::Engine => {
+            let held: SmallVec<[u32; 8]> = st
+                .qps
+                .iter()
+                .filter(|(_, s)| s.rc.as_ref().is_some_and(RcQp::holds_ack))
+                .map(|(&q, _)| q)
+                .collect();
+            for qpn in held {
+                mark_dirty(st, qpn);
+            }
+            AckPolicy::Now
+        }
     };
     flush(st, mem, now, acks);
 }

@@ -557,6 +557,11 @@ impl RcQp {
         self.events.pop_front()
     }
 
+    /// Whether a plain ACK is being held back (see [`AckPolicy::Hold`]).
+    pub(crate) fn holds_ack(&self) -> bool {
+        self.ack_due.is_some()
+    }
+
     /// Whether completions or events wait for [`poll_event`](Self::poll_event).
     pub(crate) fn has_events(&self) -> bool {
         !self.events.is_empty()
