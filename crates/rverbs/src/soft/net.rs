@@ -941,7 +941,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     let mut tx = std::mem::take(&mut st.tx);
     let mut refs = std::mem::take(&mut st.tx_refs);
     let mut pkts = std::mem::take(&mut st.tx_pkts);
-    let dirty = std::mem::take(&mut st.dirty);
+    let mut dirty = std::mem::take(&mut st.dirty);
     let State {
         socket,
         qps,
@@ -950,7 +950,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
         local,
         ..
     } = st;
-    for qpn in dirty {
+    for &qpn in &dirty {
         let Some(slot) = qps.get_mut(&qpn) else {
             continue;
         };
@@ -1027,6 +1027,9 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     st.tx = tx;
     st.tx_refs = refs;
     st.tx_pkts = pkts;
+    // Keep the list's capacity: no allocation per pass.
+    dirty.clear();
+    st.dirty = dirty;
 }
 
 /// Hands a QP's completions to its CQs and its async events to its context.
