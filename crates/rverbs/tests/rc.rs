@@ -458,3 +458,56 @@ fn several_threads_post_on_one_qp() {
     }
     assert_eq!(next, [PER_THREAD; THREADS as usize]);
 }
+
+/// An event-driven requester (poll until empty, post, arm, sleep) whose
+/// first packet is lost must still retransmit: the engine thread may not
+/// keep sleeping on a deadline from before the post. Found in review.
+#[test]
+fn a_lost_packet_after_a_busy_poll_is_retransmitted_while_the_app_sleeps() {
+    let da = rverbs::add_device(DeviceConfig::loopback().named("wake-a")).unwrap();
+    let db = rverbs::add_device(DeviceConfig::loopback().named("wake-b")).unwrap();
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let ca = da.open().unwrap();
+    let pa = ca.alloc_pd().unwrap();
+    let channel = ca.create_comp_channel().unwrap();
+    let cqa = ca.cq_builder().cqe(16).channel(&channel).build().unwrap();
+    let qa = pa.qp_builder(&cqa, &cqa).build().unwrap();
+    let ma = pa.alloc_mr(4096, all).unwrap();
+    let cb = db.open().unwrap();
+    let pb = cb.alloc_pd().unwrap();
+    let cqb = cb.create_cq(16).unwrap();
+    let qb = pb.qp_builder(&cqb, &cqb).build().unwrap(); // in RESET: drops what comes
+    let mb = pb.alloc_mr(4096, all).unwrap();
+    let (ea, eb) = (Endpoint::for_qp(&qa), Endpoint::for_qp(&qb));
+    let opts = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    qa.connect(ea.psn, &eb, &opts).unwrap();
+    // A's engine thread goes to sleep with no timer.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut wc = [WorkCompletion::default(); 1];
+    assert_eq!(
+        cqa.poll(&mut wc).unwrap(),
+        0,
+        "one empty poll: a busy poller"
+    );
+    qa.post_send(&SendWr::new(1, WrOpcode::Send, &[sge(&ma, 0, 8)]).signaled())
+        .unwrap();
+    cqa.req_notify(false).unwrap();
+    // B drops the first transmission, then comes up.
+    std::thread::sleep(Duration::from_millis(20));
+    qb.connect(eb.psn, &ea, &opts).unwrap();
+    qb.post_recv(&RecvWr::new(9, &[sge(&mb, 0, 64)])).unwrap();
+    let event = channel
+        .get_cq_event_timeout(Duration::from_secs(5))
+        .unwrap();
+    assert!(event.is_some(), "hang: {:?}", da.net_stats());
+    drop(event);
+    assert_eq!(cqa.poll(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+    assert!(da.net_stats().retransmitted >= 1, "{:?}", da.net_stats());
+    drop((qa, qb, cqa, cqb, channel));
+    da.disassociate();
+    db.disassociate();
+}

@@ -24,7 +24,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,8 @@ const MAX_PACKET: usize = 4096 + 128;
 const RX_BUDGET: usize = 64;
 /// Largest UDP payload one send (a GSO batch) may carry.
 const MAX_BATCH_BYTES: usize = 65_000;
+/// Most packets one QP sends in one pass; the rest waits for the next.
+const FLUSH_BUDGET: usize = 256;
 /// Most segments in one GSO send.
 const MAX_BATCH_SEGMENTS: usize = 64;
 /// Socket buffer sizes asked for (more with the privilege to force them;
@@ -182,6 +184,8 @@ pub(crate) struct Engine {
     busy_poll_until: AtomicU64,
     /// The engine thread sleeps without watching the socket.
     thread_off_socket: AtomicBool,
+    /// Threads blocked waiting for `state`.
+    waiting: AtomicUsize,
 }
 
 impl Engine {
@@ -235,11 +239,19 @@ impl Engine {
             epoch: Instant::now(),
             busy_poll_until: AtomicU64::new(0),
             thread_off_socket: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        if let Ok(st) = self.state.try_lock() {
+            return st;
+        }
+        // Let a spinning engine thread see someone waits (it steps back).
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        st
     }
 
     /// Most packets of `mtu` bytes one QP should have in flight: half of
@@ -352,6 +364,7 @@ impl Engine {
             Err(TryLockError::Poisoned(p)) => {
                 let mut st = p.into_inner();
                 progress(&mut st, &dev.mrs, now, driver);
+                self.wake_if_earlier(&st, now);
                 true
             }
             Err(TryLockError::WouldBlock) => false,
@@ -380,8 +393,14 @@ impl Engine {
 
     /// Wakes the engine thread if a timer now falls before it would wake.
     fn wake_if_earlier(&self, st: &State, now: Instant) {
-        if st.thread_wakes_at.is_some_and(|t| t <= now) || self.busy_polled_until(now).is_some() {
-            // Awake, waking anyway, or a busy poller runs the timers.
+        if st.thread_wakes_at.is_some_and(|t| t <= now)
+            || self.thread_off_socket.load(Ordering::SeqCst)
+        {
+            // Awake, waking anyway, or asleep only until a busy poller's
+            // grace ends (it looks at the timers then; meanwhile the poller
+            // runs them, and one about to sleep wakes it: app_will_sleep).
+            // A busy poller alone is no reason to skip: it may post, arm a
+            // CQ and sleep while the thread sleeps on a stale deadline.
             return;
         }
         let next = next_deadline(st);
@@ -451,6 +470,12 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
         // timers: sleep (without the lock) until its grace runs out.
         let now = Instant::now();
         if let Some(until) = spin_until.filter(|&u| now < u) {
+            if engine.waiting.load(Ordering::SeqCst) > 0 {
+                // A thread waits for the lock (to post, say): the std mutex
+                // is not fair, so step back rather than win it again.
+                std::hint::spin_loop();
+                continue;
+            }
             if engine.busy_polled_until(now).is_none() {
                 let mut st = engine.lock();
                 st.thread_wakes_at = Some(now);
@@ -526,7 +551,12 @@ fn mark_dirty(st: &mut State, qpn: u32) {
     }
 }
 
+/// When a pass is due next: now if a QP still owes packets (a flush stopped
+/// at its budget), else the earliest transport timer.
 fn next_deadline(st: &State) -> Option<Instant> {
+    if !st.dirty.is_empty() {
+        return Some(Instant::now());
+    }
     st.qps
         .values()
         .filter_map(|s| s.rc.as_ref().and_then(RcQp::next_timeout))
@@ -942,6 +972,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     let mut refs = std::mem::take(&mut st.tx_refs);
     let mut pkts = std::mem::take(&mut st.tx_pkts);
     let mut dirty = std::mem::take(&mut st.dirty);
+    let mut unfinished: SmallVec<[u32; 8]> = SmallVec::new();
     let State {
         socket,
         qps,
@@ -966,7 +997,17 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
             let mut batch = Batch::default();
             refs.clear();
             pkts.clear();
+            let mut budget = FLUSH_BUDGET;
             loop {
+                if budget == 0 {
+                    // More to send: a later pass goes on, so one QP's
+                    // burst (a READ a peer asked for in one piece) never
+                    // holds the device for long.
+                    slot.dirty = true;
+                    unfinished.push(qpn);
+                    break;
+                }
+                budget -= 1;
                 let at = batch.len;
                 let first_ref = refs.len();
                 let mut buf = TxBuffer {
@@ -1029,6 +1070,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     st.tx_pkts = pkts;
     // Keep the list's capacity: no allocation per pass.
     dirty.clear();
+    dirty.extend(unfinished);
     st.dirty = dirty;
 }
 

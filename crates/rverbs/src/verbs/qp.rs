@@ -255,54 +255,75 @@ impl QueuePair {
 
         // Merge the attributes given into those the QP has.
         let merged = {
-            let mut cur = core.attr();
+            let mut cur = *core.attr();
             merge(&mut cur, attr, mask);
             cur.qp_state = to;
-            *cur
+            cur
         };
         let cfg = self.rc_config(&merged);
         let peer = peer_endpoint(merged.ah_attr.dgid.to_ip());
         dev.engine
-            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| match (from, to) {
-                (_, QpState::Reset) => {
-                    if let Some(rc) = slot.rc.take() {
-                        slot.past.absorb(&rc.counters);
-                    }
-                    slot.peer = None;
+            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
+                // The transport may have moved the QP (to ERR) since `from`
+                // was read: the transition checked is then not this one.
+                let now_in = state_of(slot.rc.as_ref());
+                if now_in != from && !matches!(to, QpState::Err | QpState::Reset) {
+                    return Err(Error::invalid(
+                        verb,
+                        format!(
+                            "QP {:#x} went from {} to {} meanwhile",
+                            core.qpn,
+                            from.name(),
+                            now_in.name()
+                        ),
+                    ));
                 }
-                (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::new(cfg)),
-                (_, QpState::Err) => {
-                    slot.rc.get_or_insert_with(|| RcQp::new(cfg)).enter_error();
-                }
-                (_, _) => {
-                    let Some(rc) = slot.rc.as_mut() else { return };
-                    match (from, to) {
-                        (QpState::Init, QpState::Rtr) => {
-                            rc.enter_rtr(cfg);
-                            slot.peer = Some(peer);
+                match (from, to) {
+                    (_, QpState::Reset) => {
+                        if let Some(rc) = slot.rc.take() {
+                            slot.past.absorb(&rc.counters);
                         }
-                        (QpState::Rtr, QpState::Rts) => rc.enter_rts(cfg),
-                        (_, QpState::Sqd) => {
-                            *rc.config_mut() = cfg;
-                            if from != QpState::Sqd {
-                                // SQ_DRAINED is asked for per transition.
-                                let notify = mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY)
-                                    && attr.en_sqd_async_notify;
-                                rc.set_sq_drain(true, notify);
-                            }
-                            if mask.contains(QpAttrMask::AV) {
+                        slot.peer = None;
+                    }
+                    (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::new(cfg)),
+                    (_, QpState::Err) => {
+                        slot.rc.get_or_insert_with(|| RcQp::new(cfg)).enter_error();
+                    }
+                    (_, _) => {
+                        let Some(rc) = slot.rc.as_mut() else {
+                            return Ok(());
+                        };
+                        match (from, to) {
+                            (QpState::Init, QpState::Rtr) => {
+                                rc.enter_rtr(cfg);
                                 slot.peer = Some(peer);
                             }
+                            (QpState::Rtr, QpState::Rts) => rc.enter_rts(cfg),
+                            (_, QpState::Sqd) => {
+                                *rc.config_mut() = cfg;
+                                if from != QpState::Sqd {
+                                    // SQ_DRAINED is asked for per transition.
+                                    let notify = mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY)
+                                        && attr.en_sqd_async_notify;
+                                    rc.set_sq_drain(true, notify);
+                                }
+                                if mask.contains(QpAttrMask::AV) {
+                                    slot.peer = Some(peer);
+                                }
+                            }
+                            (QpState::Sqd, QpState::Rts) => {
+                                *rc.config_mut() = cfg;
+                                rc.set_sq_drain(false, false);
+                            }
+                            _ => *rc.config_mut() = cfg,
                         }
-                        (QpState::Sqd, QpState::Rts) => {
-                            *rc.config_mut() = cfg;
-                            rc.set_sq_drain(false, false);
-                        }
-                        _ => *rc.config_mut() = cfg,
                     }
                 }
+                Ok(())
             })
-            .ok_or_else(|| Error::new(verb, ErrorKind::Io, "QP is gone"))
+            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))?;
+        *core.attr() = merged;
+        Ok(())
     }
 
     fn check_values(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -554,6 +575,26 @@ impl QueuePair {
                             ErrorKind::InvalidArgument,
                             format!("an atomic needs an 8-byte local buffer, not {length} bytes"),
                         );
+                    }
+                    match rc.psn_room(&wr.opcode, length as u32) {
+                        Ok(()) => {}
+                        Err(true) => {
+                            return fail(
+                                ErrorKind::OutOfMemory,
+                                "the send WRs posted and not yet completed span 2^23 packets; \
+                                 poll completions first"
+                                    .into(),
+                            )
+                        }
+                        Err(false) => {
+                            return fail(
+                                ErrorKind::InvalidArgument,
+                                format!(
+                                    "a message of {length} bytes needs more than 2^23 packets \
+                                     at this path MTU"
+                                ),
+                            )
+                        }
                     }
                     rc.post_send(SendWqe {
                         wr_id: wr.wr_id,

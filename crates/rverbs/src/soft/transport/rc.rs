@@ -43,6 +43,9 @@ pub(crate) enum AckPolicy {
 /// MTU. The congestion window keeps it lower while the path (a receiving
 /// socket's buffer, above all) drops packets.
 pub(crate) const WINDOW: u32 = 512;
+/// Most PSNs posted, unfinished send work may span: PSN order is decided
+/// modulo 2^24, which holds within half the space; a window of margin.
+pub(crate) const MAX_PSN_SPAN: u32 = (1 << 23) - WINDOW;
 /// The congestion window never shrinks below this many packets.
 const MIN_CWND: u32 = 8;
 /// Packets a fresh QP may send before its first ACK.
@@ -518,11 +521,33 @@ impl RcQp {
     }
 
     /// Queues a send WR. In ERR it completes at once with a flush error.
-    pub(crate) fn post_send(&mut self, wqe: SendWqe) {
-        let npkts = match wqe.op {
+    /// PSNs a send WR of `length` bytes takes.
+    fn packets_of(&self, op: &WrOpcode, length: u32) -> u32 {
+        match op {
             WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. } => 1,
-            _ => packets_for(wqe.length, self.cfg.mtu),
-        };
+            _ => packets_for(length, self.cfg.mtu),
+        }
+    }
+
+    /// Whether a send WR of `length` bytes fits in the PSN space: PSNs are
+    /// given at post time, and 24-bit comparisons only hold while posted,
+    /// unfinished work spans less than half the space. `Err(true)`: not
+    /// now (poll completions and post again); `Err(false)`: never at this
+    /// path MTU.
+    pub(crate) fn psn_room(&self, op: &WrOpcode, length: u32) -> Result<(), bool> {
+        let npkts = self.packets_of(op, length);
+        if npkts > MAX_PSN_SPAN {
+            return Err(false);
+        }
+        if self.state != QpState::Err && self.una.distance_to(self.next_psn) + npkts > MAX_PSN_SPAN
+        {
+            return Err(true);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_send(&mut self, wqe: SendWqe) {
+        let npkts = self.packets_of(&wqe.op, wqe.length);
         let entry = SqEntry {
             wqe,
             first_psn: self.next_psn,
@@ -640,6 +665,11 @@ impl RcQp {
         self.retransmit_at = None;
         self.fast_rto_at = None;
         self.rnr_until = None;
+        // A QP in ERR processes nothing more: queued ACKs, READ responses
+        // and atomic results are dropped (no more reading its memory); only
+        // the NAK that reports the error still goes out.
+        self.responses.retain(|r| matches!(r, Response::Nak { .. }));
+        self.ack_due = None;
         while let Some(e) = self.sq.pop_front() {
             let status = e.status.unwrap_or(WcStatus::WrFlushErr);
             // Successful ones completed earlier would have left the queue.
@@ -935,7 +965,7 @@ impl RcQp {
     }
 
     /// Completes send WR `idx` with `status` (a local error) and moves to ERR.
-    fn fail_at(&mut self, idx: usize, status: WcStatus) {
+    pub(super) fn fail_at(&mut self, idx: usize, status: WcStatus) {
         // WRs before it that were acknowledged completed already; those still
         // in flight are flushed along with it, in order.
         self.sq[idx].status = Some(status);

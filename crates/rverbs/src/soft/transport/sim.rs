@@ -1279,3 +1279,147 @@ fn an_ack_inside_a_read_acknowledges_only_the_responses_placed() {
     sim.sides[0].mem.read_for_test(a_key, a_base, &mut back);
     assert!(back == data, "the READ placed every byte");
 }
+
+#[test]
+fn posted_work_may_not_span_half_the_psn_space() {
+    // Found in review: with PSNs given at post time, more than 2^23 PSNs of
+    // posted work made ACKs look ancient (RETRY_EXC_ERR on a clean link),
+    // and 2^24 made next_psn wrap onto the oldest unacknowledged PSN (a
+    // silent hang). The verbs refuse such a post (ENOMEM) until completions
+    // make room.
+    let sim = Sim::new(1, LinkFaults::CLEAN);
+    let mut qp = sim.sides.into_iter().next().unwrap().qp;
+    let send = |length: u32| SendWqe {
+        wr_id: 0,
+        op: WrOpcode::Send,
+        data: WqeData::Sges(smallvec![Sge {
+            addr: 0,
+            length,
+            lkey: 1,
+        }]),
+        length,
+        signaled: true,
+        solicited: false,
+        fence: false,
+    };
+    let gib = 1u32 << 30; // 2^20 packets at MTU 1024
+    let mut posted = 0;
+    while qp.psn_room(&WrOpcode::Send, gib).is_ok() {
+        qp.post_send(send(gib));
+        posted += 1;
+    }
+    assert_eq!(posted, 7, "7 × 2^20 packets fit under 2^23 - WINDOW");
+    assert_eq!(qp.psn_room(&WrOpcode::Send, gib), Err(true));
+    assert_eq!(
+        qp.psn_room(&WrOpcode::Send, 1 << 20),
+        Ok(()),
+        "a smaller one still fits"
+    );
+    // 2^31 bytes at MTU 1024 is 2^21 packets: fine in itself. At MTU 256
+    // it would be 2^23: never.
+    let mut cfg = config(0x11, 0x22);
+    cfg.mtu = 256;
+    let mut small_mtu = RcQp::new(cfg.clone());
+    small_mtu.enter_rtr(cfg.clone());
+    small_mtu.enter_rts(cfg);
+    assert_eq!(small_mtu.psn_room(&WrOpcode::Send, 1 << 31), Err(false));
+}
+
+#[test]
+fn a_qp_in_err_sends_no_queued_read_responses() {
+    // Found in review: after modify(ERR) the responder kept reading its MR
+    // and streaming READ responses queued before.
+    const LEN: usize = 256 * 1024;
+    let mut sim = Sim::new(3, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, LEN, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, LEN, all_access());
+    sim.sides[0].qp.post_send(SendWqe {
+        wr_id: 1,
+        op: WrOpcode::RdmaRead {
+            remote_addr: b_base,
+            rkey: b_key,
+        },
+        data: WqeData::Sges(smallvec![Sge {
+            addr: a_base,
+            length: LEN as u32,
+            lkey: a_key,
+        }]),
+        length: LEN as u32,
+        signaled: true,
+        solicited: false,
+        fence: false,
+    });
+    let mut buf = vec![0u8; MTU as usize + 128];
+    let n = sim.sides[0]
+        .qp
+        .poll_transmit(
+            sim.now,
+            &sim.sides[0].mem,
+            &mut TxBuffer::copying(&mut buf),
+            AckPolicy::Now,
+        )
+        .unwrap();
+    let request = buf[..n].to_vec();
+    let p = PacketRepr::parse(&request).unwrap();
+    let side = &mut sim.sides[1];
+    side.qp.handle_packet(&p, sim.now, &side.mem);
+    side.qp.enter_error(); // modify_qp → ERR
+    let mut sent = 0;
+    while side
+        .qp
+        .poll_transmit(
+            sim.now,
+            &side.mem,
+            &mut TxBuffer::copying(&mut buf),
+            AckPolicy::Now,
+        )
+        .is_some()
+    {
+        sent += 1;
+    }
+    assert_eq!(sent, 0, "B in ERR still sent {sent} READ responses");
+}
+
+#[test]
+fn a_nak_fails_the_wr_it_names_and_flushes_an_unanswered_read_before_it() {
+    // B runs a READ and then refuses the WRITE behind it (bad rkey): it
+    // moves to ERR before sending the READ's responses, and NAKs the
+    // WRITE. A's READ never got its data: it is flushed, and the WRITE —
+    // not the READ — reports REM_ACCESS_ERR. Found in review.
+    let mut sim = Sim::new(4, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 8192, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 8192, all_access());
+    let read = WrOpcode::RdmaRead {
+        remote_addr: b_base,
+        rkey: b_key,
+    };
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: b_base,
+        rkey: b_key ^ 0x100,
+    };
+    for (wr_id, op) in [(1, read), (2, write)] {
+        sim.sides[0].qp.post_send(SendWqe {
+            wr_id,
+            op,
+            data: WqeData::Sges(smallvec![Sge {
+                addr: a_base,
+                length: 64,
+                lkey: a_key,
+            }]),
+            length: 64,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        });
+    }
+    sim.run(Duration::from_secs(10));
+    let got: Vec<(u64, WcStatus)> = sim.sides[0]
+        .sends
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(1, WcStatus::WrFlushErr), (2, WcStatus::RemAccessErr)]
+    );
+}

@@ -70,7 +70,16 @@ impl RcQp {
                                 WcStatus::RemInvRdReqErr
                             }
                         };
-                        self.fail_head(status);
+                        // The WR the NAKed PSN belongs to takes the error;
+                        // earlier ones still incomplete (a READ whose
+                        // response was lost) are flushed before it.
+                        let nacked = self.sq.iter().position(|e| {
+                            e.status.is_none() && e.first_psn.distance_to(psn) < e.npkts
+                        });
+                        match nacked {
+                            Some(idx) => self.fail_at(idx, status),
+                            None => self.fail_head(status),
+                        }
                     }
                 }
             }

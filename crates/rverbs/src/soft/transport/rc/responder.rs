@@ -6,7 +6,7 @@ use rverbs_wire::{NakCode, Operation, PacketRepr, Position, Psn, Syndrome};
 
 use super::{packets_for, Inbound, RcQp, Refusal, Resource, Response};
 use crate::event::AsyncEventType;
-use crate::soft::memory::AccessKind;
+use crate::soft::memory::{AccessError, AccessKind};
 use crate::soft::transport::{qp_allows, scatter, AtomicOp, Memory, QpEvent};
 use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -69,6 +69,12 @@ impl RcQp {
             return Err(Refusal::InvalidRequest);
         }
         let pd = self.cfg.pd;
+        if pkt.ieth.is_some() {
+            // SEND with Invalidate: this device has no memory windows or
+            // fast-registered MRs a peer could invalidate; executing it as a
+            // plain SEND would leave the peer believing an rkey revoked.
+            return Err(Refusal::InvalidRequest);
+        }
         match op {
             Operation::Send => {
                 if pos.starts_message() {
@@ -247,9 +253,12 @@ impl RcQp {
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add }
                 };
-                let orig = mem
-                    .atomic(a.rkey, a.va, pd, atomic)
-                    .map_err(|_| Refusal::Access)?;
+                // A misaligned atomic is an invalid request (rxe: class C,
+                // NAK invalid request); any other refusal an access error.
+                let orig = mem.atomic(a.rkey, a.va, pd, atomic).map_err(|e| match e {
+                    AccessError::Misaligned { .. } => Refusal::InvalidRequest,
+                    _ => Refusal::Access,
+                })?;
                 self.save(Resource::Atomic { psn, orig });
                 self.msn = (self.msn + 1) & 0x00ff_ffff;
                 self.responses.push_back(Response::Atomic {
