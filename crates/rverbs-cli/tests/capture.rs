@@ -18,45 +18,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rverbs_wire::Opcode;
 
-const PYTHON: &str = "/usr/bin/python3";
+mod common;
+use common::{have, have_scapy, have_tool, is_root, PYTHON};
+
 const RVERBS: &str = env!("CARGO_BIN_EXE_rverbs");
-
-fn have(what: &str, ok: bool) -> bool {
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{what} is missing; scripts/test installs it"
-        );
-        eprintln!("skipping: {what} is missing");
-    }
-    ok
-}
-
-fn have_scapy() -> bool {
-    let ok = Command::new(PYTHON)
-        .args(["-c", "import scapy.contrib.roce"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    have("python3-scapy", ok)
-}
-
-fn have_tool(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    have(tool, ok)
-}
-
-fn is_root() -> bool {
-    // `id -u` keeps this test file free of libc bindings.
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .is_some_and(|s| s.trim() == "0")
-}
 
 /// A fresh directory, removed on drop — also when the test fails.
 struct TempDir(PathBuf);

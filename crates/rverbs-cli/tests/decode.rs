@@ -12,34 +12,8 @@ use std::time::Duration;
 
 use rverbs_wire::Opcode;
 
-const PYTHON: &str = "/usr/bin/python3";
-
-fn have(what: &str, ok: bool) -> bool {
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{what} is missing; scripts/test installs it"
-        );
-        eprintln!("skipping: {what} is missing");
-    }
-    ok
-}
-
-fn have_scapy() -> bool {
-    let ok = Command::new(PYTHON)
-        .args(["-c", "import scapy.contrib.roce"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    have("python3-scapy", ok)
-}
-
-fn have_tool(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    have(tool, ok)
-}
+mod common;
+use common::{have, have_scapy, have_tool, is_root, PYTHON};
 
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/make_captures.py")
@@ -262,21 +236,6 @@ fn truncated_or_corrupt_captures_are_errors_with_the_packet_number() {
         .unwrap()
         .contains("cannot open"));
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-fn is_root() -> bool {
-    nix_uid() == 0
-}
-
-fn nix_uid() -> u32 {
-    // `id -u` keeps this test file free of libc bindings.
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(u32::MAX)
 }
 
 #[test]

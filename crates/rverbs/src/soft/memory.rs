@@ -540,12 +540,9 @@ impl MrTable {
         f: impl FnOnce(ReadWindow<'_>) -> R,
     ) -> Result<R, AccessError> {
         let mr = self.lookup(key)?;
+        // The key is checked again under the lock: re-keyed since the lookup?
         let state = mr.read();
-        if state.key != key {
-            // Re-keyed between the lookup and the lock.
-            return Err(AccessError::NoSuchKey(key));
-        }
-        Ok(f(state.read_window(va, len, kind, pd)?))
+        Ok(f(state.keyed_read_window(key, va, len, kind, pd)?))
     }
 
     /// Looks `key` up, checks a writing access and runs `f` on the window
