@@ -20,6 +20,7 @@
 //! Linux sender on such a socket); other packets fail the check, are
 //! counted and dropped.
 
+use std::collections::BTreeSet;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
@@ -146,6 +147,10 @@ pub(crate) struct QpSlot {
     pub(crate) peer: Option<SocketAddr>,
     /// Counters of transports this QP had before a reset.
     pub(crate) past: RcCounters,
+    /// The transport's next timer as `State::timers` has it.
+    deadline: Option<Instant>,
+    /// In `State::held_acks`.
+    ack_listed: bool,
     dirty: bool,
 }
 
@@ -156,6 +161,11 @@ struct State {
     next_qpn: u32,
     /// QPs that may owe packets or events.
     dirty: Vec<u32>,
+    /// Every QP's next timer, earliest first: finding what is due, or when
+    /// to wake, costs no scan of all QPs.
+    timers: BTreeSet<(Instant, u32)>,
+    /// QPs that held an ACK back in a flush (they may hold it still).
+    held_acks: Vec<u32>,
     stats: NetStats,
     rx: Vec<u8>,
     tx: Vec<u8>,
@@ -224,6 +234,8 @@ impl Engine {
                 qps: KeyMap::default(),
                 next_qpn: start,
                 dirty: Vec::new(),
+                timers: BTreeSet::new(),
+                held_acks: Vec::new(),
                 stats: NetStats::default(),
                 rx: vec![0u8; 64 * 1024],
                 tx: vec![0u8; MAX_BATCH_BYTES + MAX_PACKET],
@@ -302,6 +314,8 @@ impl Engine {
                 peer: None,
                 past: RcCounters::default(),
                 dirty: false,
+                deadline: None,
+                ack_listed: false,
             },
         );
         drop(st);
@@ -314,6 +328,9 @@ impl Engine {
     pub(crate) fn remove_qp(&self, qpn: u32) {
         let mut st = self.lock();
         if let Some(slot) = st.qps.remove(&qpn) {
+            if let Some(d) = slot.deadline {
+                st.timers.remove(&(d, qpn));
+            }
             st.stats.add(&slot.past);
             if let Some(rc) = slot.rc {
                 st.stats.add(&rc.counters);
@@ -557,10 +574,7 @@ fn next_deadline(st: &State) -> Option<Instant> {
     if !st.dirty.is_empty() {
         return Some(Instant::now());
     }
-    st.qps
-        .values()
-        .filter_map(|s| s.rc.as_ref().and_then(RcQp::next_timeout))
-        .min()
+    st.timers.first().map(|&(t, _)| t)
 }
 
 /// Who drives a progress pass.
@@ -580,17 +594,12 @@ fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
     let before = st.stats.rx_recvs;
     receive(st, mem, now, driver);
     let received = st.stats.rx_recvs != before;
-    let is_due = |s: &QpSlot| {
-        s.rc.as_ref()
-            .and_then(RcQp::next_timeout)
-            .is_some_and(|t| t <= now)
-    };
-    if st.qps.values().any(is_due) {
-        let due: Vec<u32> = st
-            .qps
+    if st.timers.first().is_some_and(|&(t, _)| t <= now) {
+        let due: SmallVec<[u32; 8]> = st
+            .timers
             .iter()
-            .filter(|(_, s)| is_due(s))
-            .map(|(&q, _)| q)
+            .take_while(|&&(t, _)| t <= now)
+            .map(|&(_, q)| q)
             .collect();
         for qpn in due {
             if let Some(rc) = st.qps.get_mut(&qpn).and_then(|s| s.rc.as_mut()) {
@@ -605,15 +614,15 @@ fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         // that received nothing), every held ACK goes at once.
         Driver::Engine if received => AckPolicy::Hold,
         Driver::Engine => {
-            let held: SmallVec<[u32; 8]> = st
-                .qps
-                .iter()
-                .filter(|(_, s)| s.rc.as_ref().is_some_and(RcQp::holds_ack))
-                .map(|(&q, _)| q)
-                .collect();
-            for qpn in held {
+            let mut held = std::mem::take(&mut st.held_acks);
+            for &qpn in &held {
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    slot.ack_listed = false;
+                }
                 mark_dirty(st, qpn);
             }
+            held.clear();
+            st.held_acks = held;
             AckPolicy::Now
         }
     };
@@ -979,6 +988,8 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
         gso,
         stats,
         local,
+        timers,
+        held_acks,
         ..
     } = st;
     for &qpn in &dirty {
@@ -1064,6 +1075,20 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
             }
         }
         deliver_events(slot);
+        if !slot.ack_listed && slot.rc.as_ref().is_some_and(RcQp::holds_ack) {
+            slot.ack_listed = true;
+            held_acks.push(qpn);
+        }
+        let deadline = slot.rc.as_ref().and_then(RcQp::next_timeout);
+        if deadline != slot.deadline {
+            if let Some(old) = slot.deadline {
+                timers.remove(&(old, qpn));
+            }
+            if let Some(new) = deadline {
+                timers.insert((new, qpn));
+            }
+            slot.deadline = deadline;
+        }
     }
     st.tx = tx;
     st.tx_refs = refs;
