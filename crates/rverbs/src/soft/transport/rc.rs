@@ -380,6 +380,10 @@ pub(crate) struct RcQp {
     state: QpState,
     // requester
     sq: VecDeque<SqEntry>,
+    /// WRs ever taken off the front of `sq`, and the position (counted the
+    /// same way) of the WR transmitted last: a cursor that survives pops.
+    sq_popped: u64,
+    tx_hint: u64,
     /// PSN the next posted WQE starts at.
     next_psn: Psn,
     /// Oldest PSN not yet acknowledged.
@@ -439,6 +443,8 @@ impl RcQp {
             cfg,
             state: QpState::Init,
             sq: VecDeque::new(),
+            sq_popped: 0,
+            tx_hint: 0,
             rd_atomic_inflight: 0,
             retransmit_at: None,
             fast_rto_at: None,
@@ -671,6 +677,7 @@ impl RcQp {
         self.responses.retain(|r| matches!(r, Response::Nak { .. }));
         self.ack_due = None;
         while let Some(e) = self.sq.pop_front() {
+            self.sq_popped += 1;
             let status = e.status.unwrap_or(WcStatus::WrFlushErr);
             // Successful ones completed earlier would have left the queue.
             let wc = self.send_wc(&e, status);
@@ -758,15 +765,21 @@ impl RcQp {
             {
                 return None;
             }
-            let idx = self
-                .sq
-                .iter()
-                .position(|e| e.first_psn.distance_to(self.tx_psn) < e.npkts && e.status.is_none());
+            let holds =
+                |e: &SqEntry| e.first_psn.distance_to(self.tx_psn) < e.npkts && e.status.is_none();
+            // The WR sent last, or the next one, usually holds tx_psn: look
+            // there before scanning the queue (a window may hold hundreds).
+            let hint = self.tx_hint.wrapping_sub(self.sq_popped) as usize;
+            let idx = [hint, hint.wrapping_add(1)]
+                .into_iter()
+                .find(|&i| self.sq.get(i).is_some_and(holds))
+                .or_else(|| self.sq.iter().position(holds));
             let Some(idx) = idx else {
                 // Everything from tx_psn on already completed (e.g. after a rewind).
                 self.tx_psn = self.next_psn;
                 return None;
             };
+            self.tx_hint = self.sq_popped.wrapping_add(idx as u64);
             match self.transmit_request(idx, now, mem, buf) {
                 Transmit::Sent(n) => return Some(n),
                 Transmit::Blocked => return None,

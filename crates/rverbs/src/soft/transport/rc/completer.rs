@@ -245,6 +245,7 @@ impl RcQp {
             .is_some_and(|e| e.status == Some(WcStatus::Success))
         {
             let Some(e) = self.sq.pop_front() else { break };
+            self.sq_popped += 1;
             if e.wqe.signaled {
                 let wc = self.send_wc(&e, WcStatus::Success);
                 self.events.push_back(QpEvent::SendCompletion(wc));
