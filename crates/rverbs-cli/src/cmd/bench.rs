@@ -323,10 +323,8 @@ fn serve_echo(rig: &Rig, size: usize, count: u64) -> Result<()> {
                 continue;
             }
             echoed += 1;
-            if posted < count {
-                qp.post_recv(&RecvWr::new(0, &sge))?;
-                posted += 1;
-            }
+            // Reply first; receive WRs are posted ahead (up to four), so
+            // replenishing one after the reply is off the critical path.
             if size <= 64 {
                 rig.mr.read_at(0, &mut data)?;
                 qp.post_send(&SendWr::inline(1, WrOpcode::Send, &data).signaled())?;
@@ -337,6 +335,10 @@ fn serve_echo(rig: &Rig, size: usize, count: u64) -> Result<()> {
                     lkey: rig.mr.lkey(),
                 }];
                 qp.post_send(&SendWr::new(1, WrOpcode::Send, &payload).signaled())?;
+            }
+            if posted < count {
+                qp.post_recv(&RecvWr::new(0, &sge))?;
+                posted += 1;
             }
         }
     }

@@ -147,7 +147,7 @@ pub(crate) struct QpSlot {
     pub(crate) peer: Option<SocketAddr>,
     /// Counters of transports this QP had before a reset.
     pub(crate) past: RcCounters,
-    /// The transport's next timer as `State::timers` has it.
+    /// This QP's entry in `State::timers` (at or before its next timer).
     deadline: Option<Instant>,
     /// In `State::held_acks`.
     ack_listed: bool,
@@ -161,8 +161,8 @@ struct State {
     next_qpn: u32,
     /// QPs that may owe packets or events.
     dirty: Vec<u32>,
-    /// Every QP's next timer, earliest first: finding what is due, or when
-    /// to wake, costs no scan of all QPs.
+    /// Every QP's next timer (or an earlier time), earliest first: finding
+    /// what is due, or when to wake, costs no scan of all QPs.
     timers: BTreeSet<(Instant, u32)>,
     /// QPs that held an ACK back in a flush (they may hold it still).
     held_acks: Vec<u32>,
@@ -594,19 +594,20 @@ fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
     let before = st.stats.rx_recvs;
     receive(st, mem, now, driver);
     let received = st.stats.rx_recvs != before;
-    if st.timers.first().is_some_and(|&(t, _)| t <= now) {
-        let due: SmallVec<[u32; 8]> = st
-            .timers
-            .iter()
-            .take_while(|&&(t, _)| t <= now)
-            .map(|&(_, q)| q)
-            .collect();
-        for qpn in due {
-            if let Some(rc) = st.qps.get_mut(&qpn).and_then(|s| s.rc.as_mut()) {
+    while let Some(&(t, qpn)) = st.timers.first().filter(|&&(t, _)| t <= now) {
+        st.timers.remove(&(t, qpn));
+        let Some(slot) = st.qps.get_mut(&qpn) else {
+            continue;
+        };
+        slot.deadline = None;
+        // The entry may be early (see flush): run only what is really due.
+        if let Some(rc) = slot.rc.as_mut() {
+            if rc.next_timeout().is_some_and(|d| d <= now) {
                 rc.handle_timeout(now);
             }
-            mark_dirty(st, qpn);
         }
+        // The flush puts its real next deadline back.
+        mark_dirty(st, qpn);
     }
     let acks = match driver {
         Driver::Poller => AckPolicy::Hold,
@@ -1079,15 +1080,20 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
             slot.ack_listed = true;
             held_acks.push(qpn);
         }
-        let deadline = slot.rc.as_ref().and_then(RcQp::next_timeout);
-        if deadline != slot.deadline {
-            if let Some(old) = slot.deadline {
-                timers.remove(&(old, qpn));
+        // The set may hold a QP's deadline early, never late: a timer
+        // re-armed later (every ACK does) costs nothing here; the early
+        // entry fires, finds nothing due and is replaced.
+        if let Some(new) = slot.rc.as_ref().and_then(RcQp::next_timeout) {
+            match slot.deadline {
+                Some(old) if old <= new => {}
+                old => {
+                    if let Some(old) = old {
+                        timers.remove(&(old, qpn));
+                    }
+                    timers.insert((new, qpn));
+                    slot.deadline = Some(new);
+                }
             }
-            if let Some(new) = deadline {
-                timers.insert((new, qpn));
-            }
-            slot.deadline = deadline;
         }
     }
     st.tx = tx;
