@@ -53,6 +53,8 @@ use crate::soft::transport::{PayloadRef, QpEvent, TxBuffer};
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
 const MAX_PACKET: usize = 4096 + 128;
+/// Bytes of one receive: the largest GRO batch (a UDP datagram's limit).
+const RX_BUFFER: usize = 64 * 1024;
 /// Datagrams (or GRO batches) received per pass before timers and
 /// transmission get a turn.
 const RX_BUDGET: usize = 64;
@@ -168,6 +170,10 @@ struct State {
     held_acks: Vec<u32>,
     stats: NetStats,
     rx: Vec<u8>,
+    /// A second receive buffer, for while `rx_left` holds the first.
+    rx_spare: Vec<u8>,
+    /// Segments of a received batch not handled yet.
+    rx_left: Option<Received>,
     tx: Vec<u8>,
     /// Payloads of the batch being built that go straight from MRs.
     tx_refs: Vec<PayloadRef>,
@@ -237,7 +243,9 @@ impl Engine {
                 timers: BTreeSet::new(),
                 held_acks: Vec::new(),
                 stats: NetStats::default(),
-                rx: vec![0u8; 64 * 1024],
+                rx: vec![0u8; RX_BUFFER],
+                rx_spare: Vec::new(),
+                rx_left: None,
                 tx: vec![0u8; MAX_BATCH_BYTES + MAX_PACKET],
                 tx_refs: Vec::new(),
                 tx_pkts: Vec::new(),
@@ -569,9 +577,9 @@ fn mark_dirty(st: &mut State, qpn: u32) {
 }
 
 /// When a pass is due next: now if a QP still owes packets (a flush stopped
-/// at its budget), else the earliest transport timer.
+/// at its budget) or received packets wait, else the earliest timer.
 fn next_deadline(st: &State) -> Option<Instant> {
-    if !st.dirty.is_empty() {
+    if !st.dirty.is_empty() || st.rx_left.is_some() {
         return Some(Instant::now());
     }
     st.timers.first().map(|&(t, _)| t)
@@ -685,6 +693,14 @@ fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         return;
     };
     let local = st.local;
+    // Segments of a batch a poller's pass left for later come first.
+    if let Some(mut left) = st.rx_left.take() {
+        if handle_segments(st, mem, now, local, driver, &mut left) {
+            st.rx_left = Some(left);
+            return;
+        }
+        st.rx_spare = left.buf;
+    }
     let mut rx = std::mem::take(&mut st.rx);
     for _ in 0..RX_BUDGET {
         let mut cmsg = CmsgBuffer([0; 64]);
@@ -717,16 +733,72 @@ fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         };
         st.stats.rx_recvs += 1;
         let seg = gro.filter(|&g| g > 0).unwrap_or(n).max(1);
-        let mut completed = false;
-        for (k, pkt) in rx[..n].chunks(seg).enumerate() {
-            completed |= handle_datagram(st, mem, now, local, peer, k, pkt);
+        let mut batch = Received {
+            buf: rx,
+            len: n,
+            seg,
+            next: 0,
+            peer,
+            completed: false,
+        };
+        let stopped = handle_segments(st, mem, now, local, driver, &mut batch);
+        if stopped {
+            // The rest of the batch waits for the next pass; receive into
+            // the spare buffer meanwhile.
+            st.rx_left = Some(batch);
+            let spare = std::mem::take(&mut st.rx_spare);
+            st.rx = if spare.is_empty() {
+                vec![0u8; RX_BUFFER]
+            } else {
+                spare
+            };
+            return;
         }
-        if completed && driver == Driver::Poller {
+        rx = batch.buf;
+        if driver == Driver::Poller && batch.completed {
             // Hand the poller its completion before another receive call.
             break;
         }
     }
     st.rx = rx;
+}
+
+/// A received datagram (one packet, or a GRO batch of `seg`-byte segments)
+/// being handled, from segment `next` on.
+struct Received {
+    buf: Vec<u8>,
+    len: usize,
+    seg: usize,
+    next: usize,
+    peer: SocketAddr,
+    completed: bool,
+}
+
+/// Handles the segments of `batch` from `batch.next` on. For a poller, it
+/// stops after a segment that completes work if more remain, and says so
+/// (`true`): the poller gets its completion now, and the rest (say, the ACK
+/// that rode along with a reply) is handled in the next pass.
+fn handle_segments(
+    st: &mut State,
+    mem: &MrTable,
+    now: Instant,
+    local: SocketAddr,
+    driver: Driver,
+    batch: &mut Received,
+) -> bool {
+    let count = batch.len.div_ceil(batch.seg);
+    while batch.next < count {
+        let k = batch.next;
+        let start = k * batch.seg;
+        let end = (start + batch.seg).min(batch.len);
+        batch.next += 1;
+        let completed = handle_datagram(st, mem, now, local, batch.peer, k, &batch.buf[start..end]);
+        batch.completed |= completed;
+        if completed && driver == Driver::Poller && batch.next < count {
+            return true;
+        }
+    }
+    false
 }
 
 /// Checks and dispatches one received RoCE packet, segment `k` of its
