@@ -200,18 +200,17 @@ impl CqCore {
 
     /// Moves up to `out.len()` completions into `out`, oldest first.
     pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        self.poll_and_arm_state(out).0
+    }
+
+    /// [`poll`](Self::poll), and whether the CQ is armed, under one lock.
+    pub(crate) fn poll_and_arm_state(&self, out: &mut [WorkCompletion]) -> (usize, bool) {
         let mut st = self.lock();
         let n = out.len().min(st.entries.len());
         for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
             *slot = wc;
         }
-        n
-    }
-
-    /// Whether the notification is armed: the application means to sleep
-    /// until the CQ fires.
-    pub(crate) fn is_armed(&self) -> bool {
-        self.lock().arm != Arm::Disarmed
+        (n, st.arm != Arm::Disarmed)
     }
 
     /// Arms the notification for the next completion (or the next solicited

@@ -106,7 +106,7 @@ impl CompletionQueue {
     /// how many (`ibv_poll_cq`). Completions already queued stay readable
     /// after a disassociation.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let n = self.core.poll(wc);
+        let (n, armed) = self.core.poll_and_arm_state(wc);
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
@@ -115,7 +115,7 @@ impl CompletionQueue {
         // A thread polling an empty CQ it has not armed counts as
         // busy-polling: the device's engine thread leaves the network to it
         // for a while.
-        let polling = !self.core.is_armed();
+        let polling = !armed;
         if polling {
             dev.engine.note_busy_poll(now);
         }
