@@ -775,9 +775,9 @@ struct Received {
 }
 
 /// Handles the segments of `batch` from `batch.next` on. For a poller, it
-/// stops after a segment that completes work if more remain, and says so
-/// (`true`): the poller gets its completion now, and the rest (say, the ACK
-/// that rode along with a reply) is handled in the next pass.
+/// stops after a segment that completes work if all that remains is one
+/// shorter segment, and says so (`true`): the poller gets its completion
+/// now, and the ACK that rode along with the reply waits for the next pass.
 fn handle_segments(
     st: &mut State,
     mem: &MrTable,
@@ -794,7 +794,12 @@ fn handle_segments(
         batch.next += 1;
         let completed = handle_datagram(st, mem, now, local, batch.peer, k, &batch.buf[start..end]);
         batch.completed |= completed;
-        if completed && driver == Driver::Poller && batch.next < count {
+        // Just one shorter segment left — the ACK a reply carried along:
+        // it can wait. A batch of equal segments (a stream of READ
+        // responses, say) is handled whole.
+        let trailing_ack =
+            batch.next + 1 == count && batch.len - batch.next * batch.seg < batch.seg;
+        if completed && driver == Driver::Poller && trailing_ack {
             return true;
         }
     }
