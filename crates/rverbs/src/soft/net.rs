@@ -959,7 +959,7 @@ impl Sender<'_> {
     ) {
         let Some(sock) = self.socket else { return };
         // Pin the memory: each MR once, under its read lock.
-        let mut mrs: Vec<(u32, Arc<MrCore>)> = Vec::new();
+        let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
         for r in refs {
             if mrs.iter().all(|(k, _)| *k != r.key) {
                 match mem.mr(r.key) {
@@ -970,8 +970,8 @@ impl Sender<'_> {
                 }
             }
         }
-        let guards: Vec<_> = mrs.iter().map(|(_, mr)| mr.read()).collect();
-        let mut payloads: Vec<&[u8]> = Vec::with_capacity(refs.len());
+        let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
+        let mut payloads: SmallVec<[&[u8]; MAX_BATCH_SEGMENTS]> = SmallVec::new();
         for r in refs {
             let Some(i) = mrs.iter().position(|(k, _)| *k == r.key) else {
                 return self.stats.tx_errors += batch.count as u64;

@@ -162,39 +162,26 @@ pub(crate) fn refer(
     mem: &dyn Memory,
     pd: u64,
     sges: &[Sge],
-    mut offset: u64,
+    offset: u64,
     len: usize,
     mut at: u32,
     refs: &mut Vec<PayloadRef>,
 ) -> Result<(), AccessError> {
     let start = refs.len();
-    let mut left = len as u64;
-    for sge in sges {
-        if left == 0 {
-            break;
-        }
-        let sge_len = u64::from(sge.length);
-        if offset >= sge_len {
-            offset -= sge_len;
-            continue;
-        }
-        let n = (sge_len - offset).min(left);
-        let va = sge.addr.wrapping_add(offset);
-        if let Err(e) = mem.check(sge.lkey, va, n, pd, AccessKind::LocalRead) {
+    for (key, va, n) in sge_pieces(sges, offset, len) {
+        if let Err(e) = mem.check(key, va, n as u64, pd, AccessKind::LocalRead) {
             refs.truncate(start);
             return Err(e);
         }
         refs.push(PayloadRef {
             at,
-            key: sge.lkey,
+            key,
             va,
             len: n as u32,
             pd,
             kind: AccessKind::LocalRead,
         });
         at += n as u32;
-        left -= n;
-        offset = 0;
     }
     Ok(())
 }
@@ -254,23 +241,13 @@ pub(crate) fn gather(
     mem: &dyn Memory,
     pd: u64,
     sges: &[Sge],
-    mut offset: u64,
-    mut dst: &mut [u8],
+    offset: u64,
+    dst: &mut [u8],
 ) -> Result<(), AccessError> {
-    for sge in sges {
-        if dst.is_empty() {
-            break;
-        }
-        let len = u64::from(sge.length);
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = (len - offset).min(dst.len() as u64) as usize;
-        let (head, rest) = dst.split_at_mut(n);
-        mem.read(sge.lkey, sge.addr + offset, pd, AccessKind::LocalRead, head)?;
-        dst = rest;
-        offset = 0;
+    let mut done = 0;
+    for (key, va, n) in sge_pieces(sges, offset, dst.len()) {
+        mem.read(key, va, pd, AccessKind::LocalRead, &mut dst[done..done + n])?;
+        done += n;
     }
     Ok(())
 }
@@ -281,31 +258,42 @@ pub(crate) fn scatter(
     mem: &dyn Memory,
     pd: u64,
     sges: &[Sge],
-    mut offset: u64,
-    mut src: &[u8],
+    offset: u64,
+    src: &[u8],
 ) -> Result<(), AccessError> {
-    for sge in sges {
-        if src.is_empty() {
-            break;
-        }
-        let len = u64::from(sge.length);
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = (len - offset).min(src.len() as u64) as usize;
-        let (head, rest) = src.split_at(n);
-        mem.write(
-            sge.lkey,
-            sge.addr + offset,
-            pd,
-            AccessKind::LocalWrite,
-            head,
-        )?;
-        src = rest;
-        offset = 0;
+    let mut done = 0;
+    for (key, va, n) in sge_pieces(sges, offset, src.len()) {
+        mem.write(key, va, pd, AccessKind::LocalWrite, &src[done..done + n])?;
+        done += n;
     }
     Ok(())
+}
+
+/// The stretches `(key, va, len)` that bytes `[offset, offset + len)` of the
+/// data an SGE list describes occupy, in order (fewer bytes if the list
+/// ends first). Addresses wrap rather than overflow: the access check then
+/// refuses them.
+fn sge_pieces(
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+) -> impl Iterator<Item = (u32, u64, usize)> + '_ {
+    let mut left = len as u64;
+    sges.iter().filter_map(move |sge| {
+        let sge_len = u64::from(sge.length);
+        if left == 0 {
+            return None;
+        }
+        if offset >= sge_len {
+            offset -= sge_len;
+            return None;
+        }
+        let n = (sge_len - offset).min(left);
+        let va = sge.addr.wrapping_add(offset);
+        left -= n;
+        offset = 0;
+        Some((sge.lkey, va, n as usize))
+    })
 }
 
 /// The QP access flags that allow incoming requests of each kind.

@@ -2,7 +2,7 @@
 //! SENDs, RDMA WRITEs, READs and atomics against checked memory, answers
 //! duplicates without executing twice, and owes ACKs, NAKs and responses.
 
-use rverbs_wire::{NakCode, Operation, PacketRepr, Position, Psn, Syndrome};
+use rverbs_wire::{NakCode, Operation, PacketRepr, Position, Psn, RethRepr, Syndrome};
 
 use super::{packets_for, Inbound, RcQp, Refusal, Resource, Response};
 use crate::event::AsyncEventType;
@@ -126,16 +126,7 @@ impl RcQp {
                     let Some(reth) = pkt.reth else {
                         return Err(Refusal::InvalidRequest);
                     };
-                    if reth.dma_len > 0 {
-                        mem.check(
-                            reth.rkey,
-                            reth.va,
-                            u64::from(reth.dma_len),
-                            pd,
-                            AccessKind::RemoteWrite,
-                        )
-                        .map_err(|_| Refusal::Access)?;
-                    }
+                    check_remote(mem, &reth, pd, AccessKind::RemoteWrite)?;
                     self.inbound = Some(Inbound::Write {
                         rkey: reth.rkey,
                         va: reth.va,
@@ -205,16 +196,7 @@ impl RcQp {
                 let Some(reth) = pkt.reth else {
                     return Err(Refusal::InvalidRequest);
                 };
-                if reth.dma_len > 0 {
-                    mem.check(
-                        reth.rkey,
-                        reth.va,
-                        u64::from(reth.dma_len),
-                        pd,
-                        AccessKind::RemoteRead,
-                    )
-                    .map_err(|_| Refusal::Access)?;
-                }
+                check_remote(mem, &reth, pd, AccessKind::RemoteRead)?;
                 let npkts = packets_for(reth.dma_len, self.cfg.mtu);
                 self.save(Resource::Read {
                     first_psn: psn,
@@ -315,18 +297,9 @@ impl RcQp {
                 {
                     return;
                 }
-                if reth.dma_len > 0
-                    && mem
-                        .check(
-                            rkey,
-                            reth.va,
-                            u64::from(reth.dma_len),
-                            self.cfg.pd,
-                            AccessKind::RemoteRead,
-                        )
-                        .is_err()
+                if let Err(refusal) = check_remote(mem, &reth, self.cfg.pd, AccessKind::RemoteRead)
                 {
-                    self.refuse(psn, Refusal::Access);
+                    self.refuse(psn, refusal);
                     return;
                 }
                 // Drop what is still queued of an older attempt at the same
@@ -432,4 +405,19 @@ impl RcQp {
         }
         self.enter_error();
     }
+}
+
+/// Checks the remote access a RETH asks for (none for a zero-length one, as
+/// IBTA allows any key then); a failure is a remote access error.
+fn check_remote(
+    mem: &dyn Memory,
+    reth: &RethRepr,
+    pd: u64,
+    kind: AccessKind,
+) -> Result<(), Refusal> {
+    if reth.dma_len == 0 {
+        return Ok(());
+    }
+    mem.check(reth.rkey, reth.va, u64::from(reth.dma_len), pd, kind)
+        .map_err(|_| Refusal::Access)
 }
