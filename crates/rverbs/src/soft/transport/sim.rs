@@ -355,6 +355,49 @@ impl Sim {
     }
 }
 
+/// A signaled send WR of `len` bytes from one SGE.
+fn send_wqe(wr_id: u64, op: WrOpcode, lkey: u32, addr: u64, len: u32) -> SendWqe {
+    SendWqe {
+        wr_id,
+        op,
+        data: WqeData::Sges(smallvec![Sge {
+            addr,
+            length: len,
+            lkey,
+        }]),
+        length: len,
+        signaled: true,
+        solicited: false,
+        fence: false,
+    }
+}
+
+/// A signaled send WR carrying `data` inline.
+fn inline_wqe(wr_id: u64, op: WrOpcode, data: &[u8]) -> SendWqe {
+    SendWqe {
+        wr_id,
+        op,
+        data: WqeData::Inline(InlineData::from_slice(data)),
+        length: data.len() as u32,
+        signaled: true,
+        solicited: false,
+        fence: false,
+    }
+}
+
+/// A receive WR of one SGE.
+fn recv_wqe(wr_id: u64, lkey: u32, addr: u64, len: u32) -> RecvWqe {
+    RecvWqe {
+        wr_id,
+        sges: smallvec![Sge {
+            addr,
+            length: len,
+            lkey,
+        }],
+        length: u64::from(len),
+    }
+}
+
 fn message(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i * 31 + j * 7 + 3) as u8).collect()
 }
@@ -742,19 +785,9 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
     let mut sim = Sim::new(6, LinkFaults::CLEAN);
     let (a_key, a_base) = register(&sim.sides[0].mem, 8192, all_access());
     let (b_key, b_base) = register(&sim.sides[1].mem, 8192, all_access());
-    sim.sides[0].qp.post_send(SendWqe {
-        wr_id: 1,
-        op: WrOpcode::Send,
-        data: WqeData::Sges(smallvec![Sge {
-            addr: a_base,
-            length: 16,
-            lkey: a_key,
-        }]),
-        length: 16,
-        signaled: true,
-        solicited: false,
-        fence: false,
-    });
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(1, WrOpcode::Send, a_key, a_base, 16));
     // No receive WR yet: RNR NAKs, retried.
     let mut buf = vec![0u8; 2048];
     for _ in 0..3 {
@@ -790,15 +823,7 @@ fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
         sim.sides[0].sends.is_empty(),
         "still waiting for the receiver"
     );
-    sim.sides[1].qp.post_recv(RecvWqe {
-        wr_id: 9,
-        sges: smallvec![Sge {
-            addr: b_base,
-            length: 64,
-            lkey: b_key,
-        }],
-        length: 64,
-    });
+    sim.sides[1].qp.post_recv(recv_wqe(9, b_key, b_base, 64));
     sim.run(Duration::from_secs(5));
     assert_eq!(sim.sides[0].sends[0].status, WcStatus::Success);
     assert_eq!(sim.sides[1].recvs[0].0.byte_len, 16);
@@ -810,19 +835,9 @@ fn rnr_retry_budget_runs_out() {
     a.rnr_retry = 2;
     let mut sim = Sim::with_configs(7, LinkFaults::CLEAN, a, config(0x22, 0x11));
     let (a_key, a_base) = register(&sim.sides[0].mem, 8192, all_access());
-    sim.sides[0].qp.post_send(SendWqe {
-        wr_id: 1,
-        op: WrOpcode::Send,
-        data: WqeData::Sges(smallvec![Sge {
-            addr: a_base,
-            length: 16,
-            lkey: a_key,
-        }]),
-        length: 16,
-        signaled: true,
-        solicited: false,
-        fence: false,
-    });
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(1, WrOpcode::Send, a_key, a_base, 16));
     sim.run(Duration::from_secs(5));
     assert_eq!(sim.sides[0].sends[0].status, WcStatus::RnrRetryExcErr);
     assert_eq!(sim.sides[0].qp.state(), QpState::Err);
@@ -896,37 +911,11 @@ fn receive_buffer_too_small_is_loc_len_err_and_rem_inv_req_err() {
     let mut sim = Sim::new(9, LinkFaults::CLEAN);
     let (a_key, a_base) = register(&sim.sides[0].mem, 8192, all_access());
     let (b_key, b_base) = register(&sim.sides[1].mem, 8192, all_access());
-    sim.sides[1].qp.post_recv(RecvWqe {
-        wr_id: 5,
-        sges: smallvec![Sge {
-            addr: b_base,
-            length: 100,
-            lkey: b_key,
-        }],
-        length: 100,
-    });
-    sim.sides[1].qp.post_recv(RecvWqe {
-        wr_id: 6,
-        sges: smallvec![Sge {
-            addr: b_base,
-            length: 100,
-            lkey: b_key,
-        }],
-        length: 100,
-    });
-    sim.sides[0].qp.post_send(SendWqe {
-        wr_id: 1,
-        op: WrOpcode::Send,
-        data: WqeData::Sges(smallvec![Sge {
-            addr: a_base,
-            length: 2000,
-            lkey: a_key,
-        }]),
-        length: 2000,
-        signaled: true,
-        solicited: false,
-        fence: false,
-    });
+    sim.sides[1].qp.post_recv(recv_wqe(5, b_key, b_base, 100));
+    sim.sides[1].qp.post_recv(recv_wqe(6, b_key, b_base, 100));
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(1, WrOpcode::Send, a_key, a_base, 2000));
     sim.run(Duration::from_secs(5));
     assert_eq!(sim.sides[0].sends[0].status, WcStatus::RemInvReqErr);
     let recv: Vec<(u64, WcStatus)> = sim.sides[1]
@@ -984,24 +973,18 @@ fn duplicated_atomics_execute_once_and_reads_replay() {
         .mem
         .write_for_test(b_key, b_base, &10u64.to_ne_bytes());
     for i in 0..50u64 {
-        sim.sides[0].qp.post_send(SendWqe {
-            wr_id: i,
-            op: WrOpcode::AtomicCmpAndSwp {
+        sim.sides[0].qp.post_send(send_wqe(
+            i,
+            WrOpcode::AtomicCmpAndSwp {
                 remote_addr: b_base,
                 rkey: b_key,
                 compare: 10 + i,
                 swap: 11 + i,
             },
-            data: WqeData::Sges(smallvec![Sge {
-                addr: a_base + i * 8,
-                length: 8,
-                lkey: a_key,
-            }]),
-            length: 8,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        });
+            a_key,
+            a_base + i * 8,
+            8,
+        ));
     }
     sim.run(Duration::from_secs(60));
     let mut v = [0u8; 8];
@@ -1047,51 +1030,30 @@ fn a_large_read_is_asked_for_in_chunks_and_survives_loss() {
         // acknowledged with PSNs inside the READ's range.
         let (r_key, r_base) = register(&sim.sides[1].mem, 64, all_access());
         for wr_id in [5, 8] {
-            sim.sides[1].qp.post_recv(RecvWqe {
+            sim.sides[1].qp.post_recv(recv_wqe(
                 wr_id,
-                sges: smallvec![Sge {
-                    addr: r_base + if wr_id == 5 { 0 } else { 32 },
-                    length: 16,
-                    lkey: r_key,
-                }],
-                length: 16,
-            });
+                r_key,
+                r_base + if wr_id == 5 { 0 } else { 32 },
+                16,
+            ));
         }
-        sim.sides[0].qp.post_send(SendWqe {
-            wr_id: 4,
-            op: WrOpcode::Send,
-            data: WqeData::Inline(InlineData::from_slice(b"before")),
-            length: 6,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        });
-        sim.sides[0].qp.post_send(SendWqe {
-            wr_id: 7,
-            op: WrOpcode::RdmaRead {
+        sim.sides[0]
+            .qp
+            .post_send(inline_wqe(4, WrOpcode::Send, b"before"));
+        sim.sides[0].qp.post_send(send_wqe(
+            7,
+            WrOpcode::RdmaRead {
                 remote_addr: b_base,
                 rkey: b_key,
             },
-            data: WqeData::Sges(smallvec![Sge {
-                addr: a_base,
-                length: LEN as u32,
-                lkey: a_key,
-            }]),
-            length: LEN as u32,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        });
+            a_key,
+            a_base,
+            LEN as u32,
+        ));
         // A SEND behind the READ waits for the READ's last chunk.
-        sim.sides[0].qp.post_send(SendWqe {
-            wr_id: 9,
-            op: WrOpcode::Send,
-            data: WqeData::Inline(InlineData::from_slice(b"after")),
-            length: 5,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        });
+        sim.sides[0]
+            .qp
+            .post_send(inline_wqe(9, WrOpcode::Send, b"after"));
         sim.run(Duration::from_secs(60));
         let got: Vec<(u64, WcStatus, u32)> = sim.sides[0]
             .sends
@@ -1124,31 +1086,15 @@ fn a_slow_receiver_costs_rnr_waits_not_retries() {
     let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
     let (b_key, b_base) = register(&sim.sides[1].mem, 64 * 64, all_access());
     for i in 0..40u64 {
-        sim.sides[0].qp.post_send(SendWqe {
-            wr_id: i,
-            op: WrOpcode::Send,
-            data: WqeData::Sges(smallvec![Sge {
-                addr: a_base,
-                length: 32,
-                lkey: a_key,
-            }]),
-            length: 32,
-            signaled: true,
-            solicited: false,
-            fence: false,
-        });
+        sim.sides[0]
+            .qp
+            .post_send(send_wqe(i, WrOpcode::Send, a_key, a_base, 32));
     }
     // The receiver posts one receive WR every 200 µs.
     for i in 0..40u64 {
-        sim.sides[1].qp.post_recv(RecvWqe {
-            wr_id: i,
-            sges: smallvec![Sge {
-                addr: b_base + i * 64,
-                length: 64,
-                lkey: b_key,
-            }],
-            length: 64,
-        });
+        sim.sides[1]
+            .qp
+            .post_recv(recv_wqe(i, b_key, b_base + i * 64, 64));
         let stop = sim.now + Duration::from_micros(200);
         sim.run_until(stop);
         sim.now = sim.now.max(stop);
@@ -1181,22 +1127,16 @@ fn many_pipelined_reads_survive_loss() {
         sim.sides[1].mem.write_for_test(b_key, b_base, &data);
         for i in 0..READS {
             let off = (i * LEN) as u64;
-            sim.sides[0].qp.post_send(SendWqe {
-                wr_id: i as u64,
-                op: WrOpcode::RdmaRead {
+            sim.sides[0].qp.post_send(send_wqe(
+                i as u64,
+                WrOpcode::RdmaRead {
                     remote_addr: b_base + off,
                     rkey: b_key,
                 },
-                data: WqeData::Sges(smallvec![Sge {
-                    addr: a_base + off,
-                    length: LEN as u32,
-                    lkey: a_key,
-                }]),
-                length: LEN as u32,
-                signaled: true,
-                solicited: false,
-                fence: false,
-            });
+                a_key,
+                a_base + off,
+                LEN as u32,
+            ));
         }
         sim.run(Duration::from_secs(60));
         let got: Vec<(u64, WcStatus)> = sim.sides[0]
@@ -1229,40 +1169,20 @@ fn an_ack_inside_a_read_acknowledges_only_the_responses_placed() {
     let data = message(3, LEN);
     sim.sides[1].mem.write_for_test(b_key, b_base, &data);
     let (r_key, r_base) = register(&sim.sides[1].mem, 64, all_access());
-    sim.sides[1].qp.post_recv(RecvWqe {
-        wr_id: 1,
-        sges: smallvec![Sge {
-            addr: r_base,
-            length: 16,
-            lkey: r_key,
-        }],
-        length: 16,
-    });
-    sim.sides[0].qp.post_send(SendWqe {
-        wr_id: 1,
-        op: WrOpcode::Send,
-        data: WqeData::Inline(InlineData::from_slice(b"first")),
-        length: 5,
-        signaled: true,
-        solicited: false,
-        fence: false,
-    });
-    sim.sides[0].qp.post_send(SendWqe {
-        wr_id: 2,
-        op: WrOpcode::RdmaRead {
+    sim.sides[1].qp.post_recv(recv_wqe(1, r_key, r_base, 16));
+    sim.sides[0]
+        .qp
+        .post_send(inline_wqe(1, WrOpcode::Send, b"first"));
+    sim.sides[0].qp.post_send(send_wqe(
+        2,
+        WrOpcode::RdmaRead {
             remote_addr: b_base,
             rkey: b_key,
         },
-        data: WqeData::Sges(smallvec![Sge {
-            addr: a_base,
-            length: LEN as u32,
-            lkey: a_key,
-        }]),
-        length: LEN as u32,
-        signaled: true,
-        solicited: false,
-        fence: false,
-    });
+        a_key,
+        a_base,
+        LEN as u32,
+    ));
     sim.mute[1] = true;
     let stop = sim.now + Duration::from_micros(300);
     sim.run_until(stop);
@@ -1333,22 +1253,16 @@ fn a_qp_in_err_sends_no_queued_read_responses() {
     let mut sim = Sim::new(3, LinkFaults::CLEAN);
     let (a_key, a_base) = register(&sim.sides[0].mem, LEN, all_access());
     let (b_key, b_base) = register(&sim.sides[1].mem, LEN, all_access());
-    sim.sides[0].qp.post_send(SendWqe {
-        wr_id: 1,
-        op: WrOpcode::RdmaRead {
+    sim.sides[0].qp.post_send(send_wqe(
+        1,
+        WrOpcode::RdmaRead {
             remote_addr: b_base,
             rkey: b_key,
         },
-        data: WqeData::Sges(smallvec![Sge {
-            addr: a_base,
-            length: LEN as u32,
-            lkey: a_key,
-        }]),
-        length: LEN as u32,
-        signaled: true,
-        solicited: false,
-        fence: false,
-    });
+        a_key,
+        a_base,
+        LEN as u32,
+    ));
     let mut buf = vec![0u8; MTU as usize + 128];
     let n = sim.sides[0]
         .qp
