@@ -67,22 +67,7 @@ fn pair_on_one_device() -> (Side, Side) {
 
 /// Polls until `n` completions arrived (or 10 s passed).
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut got = Vec::new();
-    let mut buf = [WorkCompletion::default(); 16];
-    while got.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions: {got:?}",
-            got.len()
-        );
-        let k = cq.poll(&mut buf).unwrap();
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::yield_now();
-        }
-    }
-    got
+    wait_long(cq, n, Duration::from_secs(10))
 }
 
 fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
@@ -349,6 +334,7 @@ fn sixty_four_mib_write_and_read_byte_for_byte() {
     assert!(got == data, "the READ came back intact");
 }
 
+/// Polls until `n` completions arrived (or `limit` passed).
 fn wait_long(cq: &CompletionQueue, n: usize, limit: Duration) -> Vec<WorkCompletion> {
     let deadline = Instant::now() + limit;
     let mut got = Vec::new();
@@ -356,11 +342,14 @@ fn wait_long(cq: &CompletionQueue, n: usize, limit: Duration) -> Vec<WorkComplet
     while got.len() < n {
         assert!(
             Instant::now() < deadline,
-            "only {} of {n}: {got:?}",
+            "only {} of {n} completions: {got:?}",
             got.len()
         );
         let k = cq.poll(&mut buf).unwrap();
         got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::yield_now();
+        }
     }
     got
 }
