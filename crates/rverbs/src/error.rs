@@ -77,6 +77,26 @@ pub enum Verb {
     PostRecv,
     /// Exchanging connection data with a peer (`rverbs::cm`).
     Connect,
+    /// `ibv_create_srq`.
+    CreateSrq,
+    /// `ibv_modify_srq`.
+    ModifySrq,
+    /// `ibv_query_srq`.
+    QuerySrq,
+    /// `ibv_destroy_srq`.
+    DestroySrq,
+    /// `ibv_post_srq_recv`.
+    PostSrqRecv,
+    /// `ibv_create_ah`.
+    CreateAh,
+    /// `ibv_create_ah_from_wc` / `ibv_init_ah_from_wc`.
+    CreateAhFromWc,
+    /// `ibv_destroy_ah`.
+    DestroyAh,
+    /// `ibv_attach_mcast`.
+    AttachMcast,
+    /// `ibv_detach_mcast`.
+    DetachMcast,
 }
 
 impl Verb {
@@ -113,6 +133,16 @@ impl Verb {
             Verb::PostSend => "ibv_post_send",
             Verb::PostRecv => "ibv_post_recv",
             Verb::Connect => "rverbs::cm",
+            Verb::CreateSrq => "ibv_create_srq",
+            Verb::ModifySrq => "ibv_modify_srq",
+            Verb::QuerySrq => "ibv_query_srq",
+            Verb::DestroySrq => "ibv_destroy_srq",
+            Verb::PostSrqRecv => "ibv_post_srq_recv",
+            Verb::CreateAh => "ibv_create_ah",
+            Verb::CreateAhFromWc => "ibv_create_ah_from_wc",
+            Verb::DestroyAh => "ibv_destroy_ah",
+            Verb::AttachMcast => "ibv_attach_mcast",
+            Verb::DetachMcast => "ibv_detach_mcast",
         }
     }
 }

@@ -3,6 +3,8 @@
 
 use bitflags::bitflags;
 
+use crate::verbs::ah::AddressHandle;
+
 /// One piece of a gather or scatter list: `length` bytes at `addr` of the MR
 /// whose lkey is `lkey` (`struct ibv_sge`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
@@ -113,7 +115,32 @@ pub struct SendWr<'a> {
     pub payload: Payload<'a>,
     /// Flags.
     pub flags: SendFlags,
+    /// Where a UD send goes (`wr.ud`); `None` on connected QPs.
+    pub ud: Option<UdAddress<'a>>,
 }
+
+/// The destination of a UD send (`struct ibv_send_wr`'s `wr.ud`).
+#[derive(Clone, Copy, Debug)]
+pub struct UdAddress<'a> {
+    /// The address handle.
+    pub ah: &'a AddressHandle,
+    /// The remote QP number (0xFFFFFF: every QP attached to the multicast
+    /// group the AH names).
+    pub remote_qpn: u32,
+    /// The remote Q_Key; with its high bit set the sending QP's own Q_Key
+    /// goes instead.
+    pub remote_qkey: u32,
+}
+
+impl PartialEq for UdAddress<'_> {
+    fn eq(&self, o: &Self) -> bool {
+        std::ptr::eq(self.ah, o.ah)
+            && self.remote_qpn == o.remote_qpn
+            && self.remote_qkey == o.remote_qkey
+    }
+}
+
+impl Eq for UdAddress<'_> {}
 
 impl<'a> SendWr<'a> {
     /// A work request for `opcode` over `sges`, not signaled.
@@ -123,6 +150,7 @@ impl<'a> SendWr<'a> {
             opcode,
             payload: Payload::Sges(sges),
             flags: SendFlags::empty(),
+            ud: None,
         }
     }
 
@@ -133,6 +161,7 @@ impl<'a> SendWr<'a> {
             opcode,
             payload: Payload::Inline(data),
             flags: SendFlags::INLINE,
+            ud: None,
         }
     }
 
@@ -145,6 +174,16 @@ impl<'a> SendWr<'a> {
     /// The same, with the solicited-event bit.
     pub fn solicited(mut self) -> Self {
         self.flags |= SendFlags::SOLICITED;
+        self
+    }
+
+    /// The same, sent to UD QP `remote_qpn` at `ah` with `remote_qkey`.
+    pub fn to(mut self, ah: &'a AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.ud = Some(UdAddress {
+            ah,
+            remote_qpn,
+            remote_qkey,
+        });
         self
     }
 

@@ -12,6 +12,7 @@ use crate::soft::cq::CqCore;
 use crate::soft::device::SoftDevice;
 use crate::soft::notify::EventQueue;
 use crate::soft::qp::QpCore;
+use crate::soft::srq::SrqCore;
 
 /// The object an async event is about. Objects are held weakly: an event
 /// for an object destroyed before the event was read is dropped, as the
@@ -19,6 +20,8 @@ use crate::soft::qp::QpCore;
 pub(crate) enum AsyncSource {
     Cq(Weak<CqCore>),
     Qp(Weak<QpCore>),
+    Srq(Weak<SrqCore>),
+    Port(u8),
     Device,
 }
 

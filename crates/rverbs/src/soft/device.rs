@@ -65,7 +65,7 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         hw_ver: 1,
         max_qp: MAX_QP,
         max_qp_wr: 16 * 1024,
-        device_cap_flags: DeviceCapFlags::SYS_IMAGE_GUID,
+        device_cap_flags: DeviceCapFlags::SYS_IMAGE_GUID.union(DeviceCapFlags::SRQ_RESIZE),
         max_sge: 32,
         max_sge_rd: 32,
         max_cq: 16 * 1024,
@@ -210,6 +210,8 @@ pub(crate) struct SoftDevice {
     pub(crate) pds: Quota,
     pub(crate) cqs: Quota,
     pub(crate) qps: Quota,
+    pub(crate) srqs: Quota,
+    pub(crate) ahs: Quota,
     contexts: Mutex<Vec<Weak<ContextCore>>>,
 }
 
@@ -248,6 +250,8 @@ impl SoftDevice {
             pds: Quota::new(attr.max_pd),
             cqs: Quota::new(attr.max_cq),
             qps: Quota::new(attr.max_qp),
+            srqs: Quota::new(attr.max_srq),
+            ahs: Quota::new(attr.max_ah),
             attr,
             contexts: Mutex::new(Vec::new()),
         }))

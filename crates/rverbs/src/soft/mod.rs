@@ -19,5 +19,6 @@ pub mod net;
 pub(crate) mod notify;
 pub(crate) mod pd;
 pub(crate) mod qp;
+pub(crate) mod srq;
 pub(crate) mod sys;
 pub(crate) mod transport;

@@ -49,7 +49,9 @@ use crate::soft::memory::{MrCore, MrTable};
 use crate::soft::qp::QpCore;
 use crate::soft::sys;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
+use crate::soft::transport::ud::{UdCounters, UdQp};
 use crate::soft::transport::{PayloadRef, QpEvent, TxBuffer};
+use crate::wr::QpState;
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
 const MAX_PACKET: usize = 4096 + 128;
@@ -115,6 +117,10 @@ pub struct NetStats {
     pub duplicates: u64,
     /// Congestion window cuts.
     pub window_cuts: u64,
+    /// UD packets dropped for a Q_Key that did not match the QP's.
+    pub qkey_violations: u64,
+    /// UD packets dropped because their QP had no receive WR posted.
+    pub ud_no_recv_wr: u64,
 }
 
 impl NetStats {
@@ -138,22 +144,41 @@ impl NetStats {
         self.duplicates += duplicates;
         self.window_cuts += window_cuts;
     }
+
+    fn add_ud(&mut self, c: &UdCounters) {
+        self.qkey_violations += c.qkey_violations;
+        self.ud_no_recv_wr += c.no_recv_wr;
+    }
 }
 
 /// A QP on the wire.
 pub(crate) struct QpSlot {
     pub(crate) core: Arc<QpCore>,
-    /// `None` while the QP is in RESET.
+    /// An RC or UC QP's transport; `None` while in RESET.
     pub(crate) rc: Option<RcQp>,
+    /// A UD QP's transport; `None` while in RESET.
+    pub(crate) ud: Option<UdQp>,
     /// The peer's UDP endpoint (from the address vector).
     pub(crate) peer: Option<SocketAddr>,
     /// Counters of transports this QP had before a reset.
     pub(crate) past: RcCounters,
+    pub(crate) past_ud: UdCounters,
     /// This QP's entry in `State::timers` (at or before its next timer).
     deadline: Option<Instant>,
     /// In `State::held_acks`.
     ack_listed: bool,
     dirty: bool,
+}
+
+impl QpSlot {
+    /// The state the QP's transport is in.
+    pub(crate) fn state(&self) -> QpState {
+        match (&self.rc, &self.ud) {
+            (Some(rc), _) => rc.state(),
+            (None, Some(ud)) => ud.state(),
+            (None, None) => QpState::Reset,
+        }
+    }
 }
 
 struct State {
@@ -290,8 +315,12 @@ impl Engine {
         let mut stats = st.stats;
         for slot in st.qps.values() {
             stats.add(&slot.past);
+            stats.add_ud(&slot.past_ud);
             if let Some(rc) = &slot.rc {
                 stats.add(&rc.counters);
+            }
+            if let Some(ud) = &slot.ud {
+                stats.add_ud(&ud.counters);
             }
         }
         stats
@@ -319,8 +348,10 @@ impl Engine {
             QpSlot {
                 core: core.clone(),
                 rc: None,
+                ud: None,
                 peer: None,
                 past: RcCounters::default(),
+                past_ud: UdCounters::default(),
                 dirty: false,
                 deadline: None,
                 ack_listed: false,
@@ -340,8 +371,12 @@ impl Engine {
                 st.timers.remove(&(d, qpn));
             }
             st.stats.add(&slot.past);
+            st.stats.add_ud(&slot.past_ud);
             if let Some(rc) = slot.rc {
                 st.stats.add(&rc.counters);
+            }
+            if let Some(ud) = slot.ud {
+                st.stats.add_ud(&ud.counters);
             }
         }
     }
@@ -460,8 +495,13 @@ impl Engine {
         let mut st = self.lock();
         let qpns: Vec<u32> = st.qps.keys().copied().collect();
         for qpn in qpns {
-            if let Some(rc) = st.qps.get_mut(&qpn).and_then(|s| s.rc.as_mut()) {
-                rc.enter_error();
+            if let Some(slot) = st.qps.get_mut(&qpn) {
+                if let Some(rc) = slot.rc.as_mut() {
+                    rc.enter_error();
+                }
+                if let Some(ud) = slot.ud.as_mut() {
+                    ud.enter_error();
+                }
             }
             mark_dirty(&mut st, qpn);
         }
@@ -846,6 +886,10 @@ fn handle_datagram(
         rc.handle_packet(&p, now, mem);
         completed = rc.has_events();
     }
+    if let Some(ud) = slot.ud.as_mut() {
+        ud.handle_packet(&p, mem, peer.ip(), local.ip());
+        completed = ud.has_events();
+    }
     mark_dirty(st, qpn);
     completed
 }
@@ -1152,6 +1196,38 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 out.send(mem, &mut tx[..batch.len], batch, &pkts, &refs);
             }
         }
+        if let Some(ud) = slot.ud.as_mut() {
+            let mut budget = FLUSH_BUDGET;
+            loop {
+                if budget == 0 {
+                    slot.dirty = true;
+                    unfinished.push(qpn);
+                    break;
+                }
+                budget -= 1;
+                let mut buf = TxBuffer {
+                    bytes: &mut tx[..MAX_PACKET],
+                    refs: None,
+                };
+                let Some((n, ip)) = ud.poll_transmit(mem, &mut buf) else {
+                    break;
+                };
+                let mut out = Sender {
+                    socket: socket.as_ref(),
+                    gso: &mut *gso,
+                    stats: &mut *stats,
+                    local: *local,
+                    peer: peer_endpoint(ip),
+                };
+                let one = [TxPacket { len: n, refs: 0..0 }];
+                let batch = Batch {
+                    len: n,
+                    seg: n,
+                    count: 1,
+                };
+                out.send(mem, &mut tx[..n], batch, &one, &[]);
+            }
+        }
         deliver_events(slot);
         if !slot.ack_listed && slot.rc.as_ref().is_some_and(RcQp::holds_ack) {
             slot.ack_listed = true;
@@ -1185,10 +1261,15 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
 /// Hands a QP's completions to its CQs and its async events to its context.
 /// A full CQ moves the QP to ERR with IBV_EVENT_QP_FATAL.
 fn deliver_events(slot: &mut QpSlot) {
-    let Some(rc) = slot.rc.as_mut() else { return };
-    let core = &slot.core;
+    let QpSlot { core, rc, ud, .. } = slot;
     let mut fatal = false;
-    while let Some(e) = rc.poll_event() {
+    loop {
+        let event = match (rc.as_mut(), ud.as_mut()) {
+            (Some(rc), _) => rc.poll_event(),
+            (None, Some(ud)) => ud.poll_event(),
+            (None, None) => None,
+        };
+        let Some(e) = event else { break };
         let pushed = match e {
             QpEvent::SendCompletion(wc) => core.send_cq.push(wc, false),
             QpEvent::RecvCompletion(wc, solicited) => core.recv_cq.push(wc, solicited),
@@ -1197,10 +1278,24 @@ fn deliver_events(slot: &mut QpSlot) {
                     .post_async(ev, AsyncSource::Qp(Arc::downgrade(core)));
                 Ok(())
             }
+            QpEvent::SrqLimitReached => {
+                if let Some(srq) = &core.srq {
+                    srq.ctx.post_async(
+                        AsyncEventType::SrqLimitReached,
+                        AsyncSource::Srq(Arc::downgrade(srq)),
+                    );
+                }
+                Ok(())
+            }
         };
         if pushed.is_err() && !fatal {
             fatal = true;
-            rc.enter_error();
+            if let Some(rc) = rc.as_mut() {
+                rc.enter_error();
+            }
+            if let Some(ud) = ud.as_mut() {
+                ud.enter_error();
+            }
             core.ctx.post_async(
                 AsyncEventType::QpFatal,
                 AsyncSource::Qp(Arc::downgrade(core)),

@@ -10,6 +10,7 @@ use crate::resources::ResourceKind;
 use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::cq::{CqCore, EventCounts};
 use crate::soft::pd::PdCore;
+use crate::soft::srq::SrqCore;
 
 /// One queue pair.
 pub(crate) struct QpCore {
@@ -20,6 +21,8 @@ pub(crate) struct QpCore {
     pub(crate) pd: Arc<PdCore>,
     pub(crate) send_cq: Arc<CqCore>,
     pub(crate) recv_cq: Arc<CqCore>,
+    /// The SRQ its receive WRs come from, if any.
+    pub(crate) srq: Option<Arc<SrqCore>>,
     pub(crate) caps: QpCaps,
     pub(crate) sq_sig_all: bool,
     pub(crate) user_data: u64,
@@ -38,6 +41,7 @@ impl QpCore {
         pd: &Arc<PdCore>,
         send_cq: &Arc<CqCore>,
         recv_cq: &Arc<CqCore>,
+        srq: Option<&Arc<SrqCore>>,
         caps: QpCaps,
         sq_sig_all: bool,
         user_data: u64,
@@ -50,6 +54,7 @@ impl QpCore {
             pd: pd.clone(),
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
+            srq: srq.cloned(),
             caps,
             sq_sig_all,
             user_data,
@@ -63,6 +68,9 @@ impl QpCore {
         pd.add_user();
         send_cq.add_user();
         recv_cq.add_user();
+        if let Some(s) = srq {
+            s.add_user();
+        }
         ctx.ledger.add(ResourceKind::Qp, qp.handle);
         qp
     }
@@ -88,6 +96,9 @@ impl QpCore {
         self.pd.remove_user();
         self.send_cq.remove_user();
         self.recv_cq.remove_user();
+        if let Some(s) = &self.srq {
+            s.remove_user();
+        }
         self.ctx.ledger.remove(ResourceKind::Qp, self.handle);
         self.ctx.device.qps.release();
     }

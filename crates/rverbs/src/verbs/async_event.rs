@@ -14,8 +14,10 @@ use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::cq::CqCore;
 use crate::soft::notify::{PopError, Wait};
 use crate::soft::qp::QpCore;
+use crate::soft::srq::SrqCore;
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::QueuePair;
+use crate::verbs::srq::SharedReceiveQueue;
 
 /// The object an async event is about (`ibv_async_event.element`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +37,13 @@ pub enum AsyncEventElement {
         /// The QP's `qp_context`.
         user_data: u64,
     },
+    /// A shared receive queue: its handle and the user data it was created with.
+    Srq {
+        /// The SRQ's handle.
+        handle: u64,
+        /// The SRQ's `srq_context`.
+        user_data: u64,
+    },
     /// A port.
     Port(u8),
     /// The device itself (unaffiliated events such as `DeviceFatal`).
@@ -44,6 +53,8 @@ pub enum AsyncEventElement {
 enum Held {
     Cq(Arc<CqCore>),
     Qp(Arc<QpCore>),
+    Srq(Arc<SrqCore>),
+    Port(u8),
     Device,
 }
 
@@ -70,6 +81,11 @@ impl AsyncEvent {
                 qp_num: qp.qpn,
                 user_data: qp.user_data,
             },
+            Held::Srq(srq) => AsyncEventElement::Srq {
+                handle: srq.handle,
+                user_data: srq.user_data,
+            },
+            Held::Port(p) => AsyncEventElement::Port(*p),
             Held::Device => AsyncEventElement::Device,
         }
     }
@@ -84,6 +100,11 @@ impl AsyncEvent {
         matches!(&self.held, Held::Qp(q) if Arc::ptr_eq(q, &qp.core))
     }
 
+    /// Whether the event is about `srq`.
+    pub fn is_for_srq(&self, srq: &SharedReceiveQueue) -> bool {
+        matches!(&self.held, Held::Srq(s) if Arc::ptr_eq(s, &srq.core))
+    }
+
     /// Acknowledges the event now (the same as dropping it).
     pub fn ack(self) {}
 }
@@ -93,7 +114,8 @@ impl Drop for AsyncEvent {
         match &self.held {
             Held::Cq(cq) => cq.async_events.ack(),
             Held::Qp(qp) => qp.async_events.ack(),
-            Held::Device => {}
+            Held::Srq(srq) => srq.async_events.ack(),
+            Held::Port(_) | Held::Device => {}
         }
     }
 }
@@ -126,6 +148,12 @@ pub(crate) fn pop_async(ctx: &ContextCore, wait: Wait) -> Result<Option<AsyncEve
                     qp.async_events.report();
                     Held::Qp(qp)
                 }
+                AsyncSource::Srq(weak) => {
+                    let srq = weak.upgrade().filter(|s| !s.is_released())?;
+                    srq.async_events.report();
+                    Held::Srq(srq)
+                }
+                AsyncSource::Port(p) => Held::Port(p),
                 AsyncSource::Device => Held::Device,
             };
             Some(AsyncEvent {

@@ -1,6 +1,7 @@
 //! The public verbs: one module per object, each a handle over its core in
 //! [`crate::soft`].
 
+pub(crate) mod ah;
 pub(crate) mod async_event;
 pub(crate) mod channel;
 pub(crate) mod context;
@@ -9,6 +10,7 @@ pub(crate) mod device;
 pub(crate) mod mr;
 pub(crate) mod pd;
 pub(crate) mod qp;
+pub(crate) mod srq;
 
 #[cfg(test)]
 mod tests;

@@ -13,9 +13,11 @@ use crate::soft::device::{DestroyPath, GID_TABLE_LEN, PORT_NUM};
 use crate::soft::net::peer_endpoint;
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
+use crate::soft::transport::ud::{UdConfig, UdDest, UdQp, UdSendWqe};
 use crate::soft::transport::{InlineData, RecvWqe, SendWqe, SgeList, WqeData};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::pd::ProtectionDomain;
+use crate::verbs::srq::SharedReceiveQueue;
 use crate::wr::{Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
 
 /// Most bytes of inline data a send WR may carry.
@@ -33,6 +35,7 @@ pub struct QpBuilder<'a> {
     caps: QpCaps,
     sq_sig_all: bool,
     user_data: u64,
+    srq: Option<&'a SharedReceiveQueue>,
 }
 
 impl<'a> QpBuilder<'a> {
@@ -55,6 +58,7 @@ impl<'a> QpBuilder<'a> {
             },
             sq_sig_all: false,
             user_data: 0,
+            srq: None,
         }
     }
 
@@ -67,6 +71,13 @@ impl<'a> QpBuilder<'a> {
     /// Queue sizes (default 128 WRs each way, one SGE, no inline data).
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;
+        self
+    }
+
+    /// Takes receive WRs from `srq` instead of a receive queue of its own
+    /// (`max_recv_wr` and `max_recv_sge` are then ignored and read back 0).
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
+        self.srq = Some(srq);
         self
     }
 
@@ -89,16 +100,6 @@ impl<'a> QpBuilder<'a> {
         let ctx = &pd.ctx;
         let dev = &ctx.device;
         dev.check_alive(verb)?;
-        if self.qp_type != QpType::Rc {
-            return Err(Error::new(
-                verb,
-                ErrorKind::NotSupported,
-                format!(
-                    "{:?} queue pairs are not supported yet; use RC",
-                    self.qp_type
-                ),
-            ));
-        }
         for cq in [self.send_cq, self.recv_cq] {
             if !Arc::ptr_eq(&cq.core.ctx, ctx) {
                 return Err(Error::invalid(
@@ -111,8 +112,24 @@ impl<'a> QpBuilder<'a> {
                 ));
             }
         }
+        if let Some(srq) = self.srq {
+            if !Arc::ptr_eq(&srq.core.ctx, ctx) {
+                return Err(Error::invalid(
+                    verb,
+                    format!(
+                        "SRQ {} belongs to another context than PD {}",
+                        srq.handle(),
+                        pd.handle
+                    ),
+                ));
+            }
+        }
         let a = &dev.attr;
-        let c = self.caps;
+        let mut c = self.caps;
+        if self.srq.is_some() {
+            c.max_recv_wr = 0;
+            c.max_recv_sge = 0;
+        }
         let checks = [
             (c.max_send_wr, a.max_qp_wr, "max_send_wr", "max_qp_wr"),
             (c.max_recv_wr, a.max_qp_wr, "max_recv_wr", "max_qp_wr"),
@@ -148,6 +165,7 @@ impl<'a> QpBuilder<'a> {
                 pd,
                 &self.send_cq.core,
                 &self.recv_cq.core,
+                self.srq.map(|s| &s.core),
                 c,
                 self.sq_sig_all,
                 self.user_data,
@@ -164,10 +182,6 @@ impl<'a> QpBuilder<'a> {
 /// [`destroy`](Self::destroy) does the same and reports errors.
 pub struct QueuePair {
     pub(crate) core: Arc<QpCore>,
-}
-
-fn state_of(slot_rc: Option<&RcQp>) -> QpState {
-    slot_rc.map_or(QpState::Reset, RcQp::state)
 }
 
 impl QueuePair {
@@ -200,9 +214,7 @@ impl QueuePair {
     pub fn state(&self) -> QpState {
         let dev = &self.core.ctx.device;
         dev.engine
-            .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| {
-                state_of(slot.rc.as_ref())
-            })
+            .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| slot.state())
             .unwrap_or(QpState::Err)
     }
 
@@ -261,12 +273,21 @@ impl QueuePair {
             cur
         };
         let cfg = self.rc_config(&merged);
+        let srq = core.srq.as_ref().map(|s| s.queue.clone());
+        let ud_cfg = UdConfig {
+            qpn: core.qpn,
+            pd: core.pd.handle,
+            qkey: merged.qkey,
+            mtu: dev.port.active_mtu.bytes(),
+            pkey: 0xffff,
+            sq_psn: Psn::new(merged.sq_psn),
+        };
         let peer = peer_endpoint(merged.ah_attr.dgid.to_ip());
         dev.engine
             .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
                 // The transport may have moved the QP (to ERR) since `from`
                 // was read: the transition checked is then not this one.
-                let now_in = state_of(slot.rc.as_ref());
+                let now_in = slot.state();
                 if now_in != from && !matches!(to, QpState::Err | QpState::Reset) {
                     return Err(Error::invalid(
                         verb,
@@ -278,6 +299,33 @@ impl QueuePair {
                         ),
                     ));
                 }
+                if core.qp_type == QpType::Ud {
+                    let notify =
+                        mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify;
+                    match (from, to) {
+                        (_, QpState::Reset) => {
+                            if let Some(ud) = slot.ud.take() {
+                                slot.past_ud.absorb(&ud.counters);
+                            }
+                        }
+                        (QpState::Reset, QpState::Init) => {
+                            slot.ud = Some(UdQp::new(ud_cfg, srq));
+                        }
+                        (_, QpState::Err) => slot
+                            .ud
+                            .get_or_insert_with(|| UdQp::new(ud_cfg, srq))
+                            .enter_error(),
+                        (_, _) => {
+                            if let Some(ud) = slot.ud.as_mut() {
+                                *ud.config_mut() = ud_cfg;
+                                if from != to {
+                                    ud.enter(to, notify);
+                                }
+                            }
+                        }
+                    }
+                    return Ok(());
+                }
                 match (from, to) {
                     (_, QpState::Reset) => {
                         if let Some(rc) = slot.rc.take() {
@@ -285,9 +333,11 @@ impl QueuePair {
                         }
                         slot.peer = None;
                     }
-                    (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::new(cfg)),
+                    (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::with_srq(cfg, srq)),
                     (_, QpState::Err) => {
-                        slot.rc.get_or_insert_with(|| RcQp::new(cfg)).enter_error();
+                        slot.rc
+                            .get_or_insert_with(|| RcQp::with_srq(cfg, srq))
+                            .enter_error();
                     }
                     (_, _) => {
                         let Some(rc) = slot.rc.as_mut() else {
@@ -434,6 +484,10 @@ impl QueuePair {
 
     fn rc_config(&self, a: &QpAttr) -> RcConfig {
         RcConfig {
+            transport: match self.core.qp_type {
+                QpType::Uc => rverbs_wire::Transport::Uc,
+                _ => rverbs_wire::Transport::Rc,
+            },
             qpn: self.core.qpn,
             dest_qpn: a.dest_qp_num,
             pd: self.core.pd.handle,
@@ -460,12 +514,10 @@ impl QueuePair {
         let (state, draining) = dev
             .engine
             .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| {
-                let rc = slot.rc.as_ref();
-                let state = state_of(rc);
-                (
-                    state,
-                    state == QpState::Sqd && rc.is_some_and(RcQp::sq_draining),
-                )
+                let state = slot.state();
+                let draining = slot.rc.as_ref().is_some_and(RcQp::sq_draining)
+                    || slot.ud.as_ref().is_some_and(UdQp::sq_draining);
+                (state, state == QpState::Sqd && draining)
             })
             .unwrap_or((QpState::Err, false));
         let mut attr = *self.core.attr();
@@ -487,13 +539,16 @@ impl QueuePair {
     /// QP not yet in RTS is EINVAL. Bad lkeys and lengths surface as
     /// completion errors (LOC_PROT_ERR, LOC_LEN_ERR), as in libibverbs.
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if self.core.qp_type == QpType::Ud {
+            return self.post_send_ud(wrs);
+        }
         let verb = Verb::PostSend;
         let core = &self.core;
         let dev = &core.ctx.device;
         let caps = core.caps;
         dev.engine
             .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
-                let state = state_of(slot.rc.as_ref());
+                let state = slot.state();
                 for (index, wr) in wrs.iter().enumerate() {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
@@ -522,43 +577,15 @@ impl QueuePair {
                             | WrOpcode::AtomicCmpAndSwp { .. }
                             | WrOpcode::AtomicFetchAndAdd { .. }
                     );
-                    let (data, length) = match wr.payload {
-                        Payload::Sges(sges) => {
-                            if sges.len() > caps.max_send_sge as usize {
-                                return fail(
-                                    ErrorKind::InvalidArgument,
-                                    format!(
-                                        "{} SGEs exceed max_send_sge {}",
-                                        sges.len(),
-                                        caps.max_send_sge
-                                    ),
-                                );
-                            }
-                            let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-                            (WqeData::Sges(SgeList::from_slice(sges)), len)
-                        }
-                        Payload::Inline(data) => {
-                            if is_rd_atomic {
-                                return fail(
-                                    ErrorKind::InvalidArgument,
-                                    "READ and atomics cannot carry inline data".into(),
-                                );
-                            }
-                            if data.len() > caps.max_inline_data as usize {
-                                return fail(
-                                    ErrorKind::InvalidArgument,
-                                    format!(
-                                        "{} bytes of inline data exceed max_inline_data {}",
-                                        data.len(),
-                                        caps.max_inline_data
-                                    ),
-                                );
-                            }
-                            (
-                                WqeData::Inline(InlineData::from_slice(data)),
-                                data.len() as u64,
-                            )
-                        }
+                    if is_rd_atomic && core.qp_type == QpType::Uc {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            "UC QPs carry no READs or atomics".into(),
+                        );
+                    }
+                    let (data, length) = match wr_payload(wr, caps, is_rd_atomic) {
+                        Ok(p) => p,
+                        Err(msg) => return fail(ErrorKind::InvalidArgument, msg),
                     };
                     if length > MAX_MSG {
                         return fail(
@@ -611,6 +638,101 @@ impl QueuePair {
             .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
     }
 
+    /// UD sends: SEND or SEND with immediate, each to the QP its
+    /// [`UdAddress`](crate::UdAddress) names, at most the port's MTU.
+    fn post_send_ud(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let verb = Verb::PostSend;
+        let core = &self.core;
+        let dev = &core.ctx.device;
+        let caps = core.caps;
+        let mtu = dev.port.active_mtu.bytes();
+        dev.engine
+            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
+                let state = slot.state();
+                for (index, wr) in wrs.iter().enumerate() {
+                    let fail = |kind, msg: String| {
+                        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
+                    };
+                    let Some(ud) = slot.ud.as_mut().filter(|_| {
+                        !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr)
+                    }) else {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "QP {:#x} is in {}; send WRs need RTS",
+                                core.qpn,
+                                state.name()
+                            ),
+                        );
+                    };
+                    if ud.sq_len() >= caps.max_send_wr as usize {
+                        return fail(
+                            ErrorKind::OutOfMemory,
+                            format!("send queue full ({} WRs)", caps.max_send_wr),
+                        );
+                    }
+                    if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }) {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            "UD QPs only SEND (with or without immediate)".into(),
+                        );
+                    }
+                    let Some(to) = wr.ud else {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            "a UD send needs a destination (SendWr::to)".into(),
+                        );
+                    };
+                    if !Arc::ptr_eq(&to.ah.core.pd, &core.pd) {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "AH {} belongs to another PD than QP {:#x}",
+                                to.ah.handle(),
+                                core.qpn
+                            ),
+                        );
+                    }
+                    if to.remote_qpn > 0x00ff_ffff {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!("remote_qpn {:#x} exceeds 24 bits", to.remote_qpn),
+                        );
+                    }
+                    let (data, length) = match wr_payload(wr, caps, false) {
+                        Ok(p) => p,
+                        Err(msg) => return fail(ErrorKind::InvalidArgument, msg),
+                    };
+                    if length > u64::from(mtu) {
+                        return fail(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "a UD message is one packet: {length} bytes exceed the MTU {mtu}"
+                            ),
+                        );
+                    }
+                    ud.post_send(UdSendWqe {
+                        wqe: SendWqe {
+                            wr_id: wr.wr_id,
+                            op: wr.opcode,
+                            data,
+                            length: length as u32,
+                            signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+                            solicited: wr.flags.contains(SendFlags::SOLICITED),
+                            fence: false,
+                        },
+                        dest: UdDest {
+                            ip: to.ah.core.attr.dgid.to_ip(),
+                            qpn: to.remote_qpn,
+                            qkey: to.remote_qkey,
+                        },
+                    });
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
+    }
+
     /// Posts one receive WR (`ibv_post_recv`).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         self.post_recv_list(std::slice::from_ref(wr))
@@ -630,13 +752,26 @@ impl QueuePair {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
                     };
-                    let Some(rc) = slot.rc.as_mut() else {
+                    if core.srq.is_some() {
                         return fail(
                             ErrorKind::InvalidArgument,
-                            format!("QP {:#x} is in RESET", core.qpn),
+                            format!(
+                                "QP {:#x} takes its receive WRs from an SRQ: post them there",
+                                core.qpn
+                            ),
                         );
+                    }
+                    let queued = match (&slot.rc, &slot.ud) {
+                        (Some(rc), _) => rc.rq_len(),
+                        (None, Some(ud)) => ud.rq_len(),
+                        (None, None) => {
+                            return fail(
+                                ErrorKind::InvalidArgument,
+                                format!("QP {:#x} is in RESET", core.qpn),
+                            )
+                        }
                     };
-                    if rc.rq_len() >= caps.max_recv_wr as usize {
+                    if queued >= caps.max_recv_wr as usize {
                         return fail(
                             ErrorKind::OutOfMemory,
                             format!("receive queue full ({} WRs)", caps.max_recv_wr),
@@ -653,11 +788,16 @@ impl QueuePair {
                         );
                     }
                     let length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-                    rc.post_recv(RecvWqe {
+                    let wqe = RecvWqe {
                         wr_id: wr.wr_id,
                         sges: SgeList::from_slice(wr.sg_list),
                         length,
-                    });
+                    };
+                    match (slot.rc.as_mut(), slot.ud.as_mut()) {
+                        (Some(rc), _) => rc.post_recv(wqe),
+                        (None, Some(ud)) => ud.post_recv(wqe),
+                        (None, None) => {}
+                    }
                 }
                 Ok(())
             })
@@ -686,9 +826,10 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Brings a QP in RESET to RTS, connected to `remote` (what
+    /// Brings an RC or UC QP in RESET to RTS, connected to `remote` (what
     /// `ibv_rc_pingpong` does by hand): INIT with `opts.access`, RTR with the
-    /// remote's GID, QPN and PSN, RTS with `local_psn`.
+    /// remote's GID, QPN and PSN, RTS with `local_psn` (UC takes no timers,
+    /// retry counts or READ/atomic depths).
     pub fn connect(
         &self,
         local_psn: u32,
@@ -724,6 +865,8 @@ impl QueuePair {
             dgid: remote.gid,
             ..AhAttr::default()
         };
+        let rc = self.core.qp_type == QpType::Rc;
+        let rc_only = |m: QpAttrMask| if rc { m } else { QpAttrMask::empty() };
         self.modify(
             &attr,
             QpAttrMask::STATE
@@ -731,8 +874,7 @@ impl QueuePair {
                 | QpAttrMask::PATH_MTU
                 | QpAttrMask::DEST_QPN
                 | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
+                | rc_only(QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER),
         )?;
         attr.qp_state = QpState::Rts;
         attr.sq_psn = local_psn;
@@ -743,11 +885,13 @@ impl QueuePair {
         self.modify(
             &attr,
             QpAttrMask::STATE
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
                 | QpAttrMask::SQ_PSN
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
+                | rc_only(
+                    QpAttrMask::TIMEOUT
+                        | QpAttrMask::RETRY_CNT
+                        | QpAttrMask::RNR_RETRY
+                        | QpAttrMask::MAX_QP_RD_ATOMIC,
+                ),
         )
     }
 
@@ -759,6 +903,44 @@ impl QueuePair {
     /// The path MTU in use.
     pub fn path_mtu(&self) -> Mtu {
         self.core.attr().path_mtu
+    }
+}
+
+/// A send WR's data as the QP keeps it, and its length; an error message
+/// (EINVAL) for too many SGEs or too much inline data.
+fn wr_payload(
+    wr: &SendWr<'_>,
+    caps: QpCaps,
+    is_rd_atomic: bool,
+) -> std::result::Result<(WqeData, u64), String> {
+    match wr.payload {
+        Payload::Sges(sges) => {
+            if sges.len() > caps.max_send_sge as usize {
+                return Err(format!(
+                    "{} SGEs exceed max_send_sge {}",
+                    sges.len(),
+                    caps.max_send_sge
+                ));
+            }
+            let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+            Ok((WqeData::Sges(SgeList::from_slice(sges)), len))
+        }
+        Payload::Inline(data) => {
+            if is_rd_atomic {
+                return Err("READ and atomics cannot carry inline data".into());
+            }
+            if data.len() > caps.max_inline_data as usize {
+                return Err(format!(
+                    "{} bytes of inline data exceed max_inline_data {}",
+                    data.len(),
+                    caps.max_inline_data
+                ));
+            }
+            Ok((
+                WqeData::Inline(InlineData::from_slice(data)),
+                data.len() as u64,
+            ))
+        }
     }
 }
 

@@ -8,8 +8,10 @@
 //! `MrTable` implements with its one access check.
 
 pub(crate) mod rc;
+pub(crate) mod recv;
 #[cfg(test)]
 mod sim;
+pub(crate) mod ud;
 
 use smallvec::SmallVec;
 
@@ -233,6 +235,8 @@ pub(crate) enum QpEvent {
     RecvCompletion(WorkCompletion, bool),
     /// An affiliated async event for this QP.
     Async(AsyncEventType),
+    /// The QP's SRQ fell below its armed limit (an event for the SRQ).
+    SrqLimitReached,
 }
 
 /// Copies `dst.len()` bytes starting `offset` bytes into the data described

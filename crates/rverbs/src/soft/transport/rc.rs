@@ -17,6 +17,7 @@ use rverbs_wire::{
     Position, Psn, RethRepr, RnrTimer, Syndrome, Transport,
 };
 
+use super::recv::{RecvQueue, SharedRq};
 use super::{gather, refer, Memory, PayloadRef, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
@@ -133,9 +134,13 @@ const CREDITS: Syndrome = Syndrome::Ack {
     credits: Syndrome::CREDITS_UNLIMITED,
 };
 
-/// The transport parameters of an RC QP, set by modify_qp.
+/// The transport parameters of an RC (or UC) QP, set by modify_qp.
 #[derive(Debug, Clone)]
 pub(crate) struct RcConfig {
+    /// RC, or UC: the same segmentation and PSN checks without ACKs,
+    /// retransmission, READs or atomics — a send WR completes once its last
+    /// packet is sent, and the responder drops a message that lost a packet.
+    pub(crate) transport: Transport,
     pub(crate) qpn: u32,
     pub(crate) dest_qpn: u32,
     /// The QP's PD: every local and remote access must be in it.
@@ -416,7 +421,7 @@ pub(crate) struct RcQp {
     // responder
     epsn: Psn,
     msn: u32,
-    rq: VecDeque<RecvWqe>,
+    rq: RecvQueue,
     inbound: Option<Inbound>,
     resources: VecDeque<Resource>,
     responses: VecDeque<Response>,
@@ -425,6 +430,8 @@ pub(crate) struct RcQp {
     nak_seq_sent: bool,
     /// Whether any packet arrived yet (for COMM_EST in RTR).
     heard_from_peer: bool,
+    /// UC: the message in progress lost a packet; drop until the next one starts.
+    uc_dropping: bool,
     events: VecDeque<QpEvent>,
 }
 
@@ -432,6 +439,11 @@ impl RcQp {
     /// A QP in INIT with `cfg`'s identity; the rest of `cfg` is set by
     /// [`enter_rtr`](Self::enter_rtr) and [`enter_rts`](Self::enter_rts).
     pub(crate) fn new(cfg: RcConfig) -> RcQp {
+        RcQp::with_srq(cfg, None)
+    }
+
+    /// The same, taking receive WRs from `srq` if given.
+    pub(crate) fn with_srq(cfg: RcConfig, srq: Option<SharedRq>) -> RcQp {
         let max_window = cfg.max_window;
         let mut qp = RcQp {
             next_psn: cfg.sq_psn,
@@ -458,13 +470,14 @@ impl RcQp {
             read_rewound_at: None,
             notify_drained: false,
             msn: 0,
-            rq: VecDeque::new(),
+            rq: RecvQueue::new(srq),
             inbound: None,
             resources: VecDeque::new(),
             responses: VecDeque::new(),
             ack_due: None,
             nak_seq_sent: false,
             heard_from_peer: false,
+            uc_dropping: false,
             events: VecDeque::new(),
         };
         qp.sent_high = qp.next_psn;
@@ -523,7 +536,7 @@ impl RcQp {
 
     /// Receive WRs posted and not yet consumed.
     pub(crate) fn rq_len(&self) -> usize {
-        self.rq.len() + usize::from(matches!(self.inbound, Some(Inbound::Send { .. })))
+        self.rq.own_len() + usize::from(matches!(self.inbound, Some(Inbound::Send { .. })))
     }
 
     /// Queues a send WR. In ERR it completes at once with a flush error.
@@ -580,7 +593,7 @@ impl RcQp {
                 .push_back(QpEvent::RecvCompletion(self.recv_flush_wc(&wqe), false));
             return;
         }
-        self.rq.push_back(wqe);
+        self.rq.push(wqe);
     }
 
     /// The next completion or event for the engine.
@@ -689,9 +702,14 @@ impl RcQp {
             let wc = self.recv_flush_wc(&wqe);
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
         }
-        while let Some(wqe) = self.rq.pop_front() {
+        for wqe in self.rq.drain_own() {
             let wc = self.recv_flush_wc(&wqe);
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
+        }
+        if self.rq.is_shared() {
+            // The SRQ's WRs stay with it; the QP will take no more.
+            self.events
+                .push_back(QpEvent::Async(AsyncEventType::QpLastWqeReached));
         }
         self.tx_psn = self.next_psn;
     }
@@ -924,6 +942,12 @@ impl RcQp {
                 payload = Some((offset, len));
             }
         }
+        let unreliable = self.cfg.transport == Transport::Uc;
+        if unreliable {
+            // The UC opcodes are the RC ones in the UC range; nothing is acknowledged.
+            p.bth.opcode = Opcode(p.bth.opcode.0 | 0x20);
+            p.bth.ack_req = false;
+        }
         let (offset, len) = payload.unwrap_or((0, 0));
         let Ok(total) = p.emit_around_payload(len as usize, tx.bytes) else {
             return Transmit::Blocked;
@@ -968,6 +992,17 @@ impl RcQp {
             self.sent_high = next_tx;
         }
         self.tx_psn = next_tx;
+        if unreliable {
+            // Sent is done: the WR completes with its last packet.
+            self.una = next_tx;
+            self.rtt_probe = None;
+            let e = &mut self.sq[idx];
+            if e.first_psn.distance_to(next_tx) >= e.npkts {
+                e.status = Some(WcStatus::Success);
+                self.pop_completed();
+            }
+            return Transmit::Sent(total);
+        }
         if self.retransmit_at.is_none() {
             self.retransmit_at = self.cfg.timeout.map(|t| now + t);
         }
@@ -1102,7 +1137,7 @@ impl RcQp {
     /// Handles a packet for this QP (already ICRC-checked and parsed).
     pub(crate) fn handle_packet(&mut self, pkt: &PacketRepr<'_>, now: Instant, mem: &dyn Memory) {
         let Some(info) = pkt.info() else { return };
-        if info.transport != Transport::Rc || pkt.bth.dest_qp != self.cfg.qpn {
+        if info.transport != self.cfg.transport || pkt.bth.dest_qp != self.cfg.qpn {
             return;
         }
         match self.state {

@@ -238,7 +238,7 @@ impl RcQp {
     }
 
     /// Reports finished WRs from the head of the queue, in order.
-    fn pop_completed(&mut self) {
+    pub(super) fn pop_completed(&mut self) {
         while self
             .sq
             .front()

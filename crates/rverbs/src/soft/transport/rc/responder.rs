@@ -2,7 +2,7 @@
 //! SENDs, RDMA WRITEs, READs and atomics against checked memory, answers
 //! duplicates without executing twice, and owes ACKs, NAKs and responses.
 
-use rverbs_wire::{NakCode, Operation, PacketRepr, Position, Psn, RethRepr, Syndrome};
+use rverbs_wire::{NakCode, Operation, PacketRepr, Position, Psn, RethRepr, Syndrome, Transport};
 
 use super::{packets_for, Inbound, RcQp, Refusal, Resource, Response};
 use crate::event::AsyncEventType;
@@ -12,6 +12,9 @@ use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 impl RcQp {
     pub(super) fn handle_request(&mut self, pkt: &PacketRepr<'_>, pos: Position, mem: &dyn Memory) {
+        if self.cfg.transport == Transport::Uc {
+            return self.handle_uc_request(pkt, pos, mem);
+        }
         let psn = pkt.bth.psn;
         match psn.cmp_wrapping(self.epsn) {
             std::cmp::Ordering::Less => return self.duplicate(pkt, mem),
@@ -33,6 +36,47 @@ impl RcQp {
         if let Err(refusal) = self.execute(pkt, pos, mem) {
             self.refuse(psn, refusal);
         }
+    }
+
+    /// UC: packets in PSN order make messages; a gap drops the message it
+    /// hit (its receive WR goes back to take the next message), and
+    /// everything up to the next first or only packet. Old PSNs (duplicates,
+    /// stragglers) are dropped, so no message is delivered twice or
+    /// spliced from two. Nothing is acknowledged; errors drop the message
+    /// and the QP carries on.
+    fn handle_uc_request(&mut self, pkt: &PacketRepr<'_>, pos: Position, mem: &dyn Memory) {
+        let psn = pkt.bth.psn;
+        match psn.cmp_wrapping(self.epsn) {
+            std::cmp::Ordering::Less => {
+                self.counters.duplicates += 1;
+                return;
+            }
+            std::cmp::Ordering::Greater => self.uc_drop_message(),
+            std::cmp::Ordering::Equal => {}
+        }
+        self.epsn = psn.next();
+        if pos.starts_message() {
+            if self.inbound.is_some() {
+                // The last packet of the message in progress never came.
+                self.uc_drop_message();
+            }
+            self.uc_dropping = false;
+        }
+        if self.uc_dropping {
+            return;
+        }
+        if let Err(refusal) = self.execute(pkt, pos, mem) {
+            self.refuse(psn, refusal);
+        }
+    }
+
+    /// UC: abandons the message in progress.
+    fn uc_drop_message(&mut self) {
+        if let Some(Inbound::Send { wqe, .. }) = self.inbound.take() {
+            self.rq.put_back(wqe);
+        }
+        self.inbound = None;
+        self.uc_dropping = true;
     }
 
     fn execute(
@@ -78,7 +122,7 @@ impl RcQp {
         match op {
             Operation::Send => {
                 if pos.starts_message() {
-                    let Some(wqe) = self.rq.pop_front() else {
+                    let Some(wqe) = self.rq.pop(&mut self.events) else {
                         self.queue_rnr(psn);
                         return Ok(());
                     };
@@ -168,7 +212,7 @@ impl RcQp {
                     let total = *total;
                     self.inbound = None;
                     if let Some(imm) = pkt.imm_dt {
-                        let Some(wqe) = self.rq.pop_front() else {
+                        let Some(wqe) = self.rq.pop(&mut self.events) else {
                             return Err(Refusal::InvalidRequest);
                         };
                         let wc = WorkCompletion {
@@ -344,6 +388,9 @@ impl RcQp {
 
     /// Owes an ACK of `psn`, merged into an ACK already owed.
     fn queue_ack(&mut self, psn: Psn) {
+        if self.cfg.transport == Transport::Uc {
+            return;
+        }
         let msn = self.msn;
         if let Some(Response::Ack { psn: p, msn: m }) = self.responses.back_mut() {
             *p = psn;
@@ -357,6 +404,10 @@ impl RcQp {
     /// dropped without a NAK sequence error: the requester goes back to
     /// `psn` anyway, and must not spend a retry on our slow receiver.
     fn queue_rnr(&mut self, psn: Psn) {
+        if self.cfg.transport == Transport::Uc {
+            // No receive WR: the message is dropped (UC has no RNR).
+            return self.uc_drop_message();
+        }
         self.nak_seq_sent = true;
         self.counters.rnr_naks_sent += 1;
         self.responses.push_back(Response::Nak {
@@ -368,6 +419,9 @@ impl RcQp {
 
     /// Refuses the request at `psn`: NAK, async event, and the QP goes to ERR.
     pub(super) fn refuse(&mut self, psn: Psn, refusal: Refusal) {
+        if self.cfg.transport == Transport::Uc {
+            return self.uc_drop_message();
+        }
         let (code, event) = match refusal {
             Refusal::InvalidRequest => (NakCode::InvalidRequest, Some(AsyncEventType::QpReqErr)),
             Refusal::Access => (

@@ -1,0 +1,137 @@
+//! Receive queues: a QP's own, or a shared receive queue (SRQ) that many
+//! QPs take receive WRs from, with its armed limit (`srq_limit`).
+//!
+//! An SRQ's queue sits behind its own small lock, taken inside the engine
+//! lock when a QP consumes a WR and alone when the application posts one,
+//! so posting to an SRQ never waits for the engine.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{QpEvent, RecvWqe};
+
+/// The state of a shared receive queue.
+#[derive(Debug)]
+pub(crate) struct SrqState {
+    /// Posted receive WRs, oldest first.
+    pub(crate) wqes: VecDeque<RecvWqe>,
+    /// Most WRs the queue holds (`max_wr`).
+    pub(crate) max_wr: u32,
+    /// Armed limit (`srq_limit`, 0 = not armed): once fewer WRs than this
+    /// remain, SRQ_LIMIT_REACHED is raised once and the limit disarms.
+    pub(crate) limit: u32,
+}
+
+/// A shared receive queue as QPs see it (cloned into each QP using it).
+#[derive(Debug, Clone)]
+pub(crate) struct SharedRq(Arc<Mutex<SrqState>>);
+
+impl SharedRq {
+    /// An empty queue.
+    pub(crate) fn new(max_wr: u32, limit: u32) -> SharedRq {
+        SharedRq(Arc::new(Mutex::new(SrqState {
+            wqes: VecDeque::new(),
+            max_wr,
+            limit,
+        })))
+    }
+
+    /// The queue, locked.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SrqState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the oldest WR. The flag says this took the queue below its
+    /// armed limit (which is now disarmed).
+    pub(crate) fn take(&self) -> (Option<RecvWqe>, bool) {
+        let mut q = self.lock();
+        let wqe = q.wqes.pop_front();
+        let fired = wqe.is_some() && q.limit > 0 && (q.wqes.len() as u64) < u64::from(q.limit);
+        if fired {
+            q.limit = 0;
+        }
+        (wqe, fired)
+    }
+}
+
+/// Where a QP's receive WRs come from.
+#[derive(Debug)]
+pub(crate) enum RecvQueue {
+    /// The QP's own queue.
+    Own(VecDeque<RecvWqe>),
+    /// A shared receive queue.
+    Shared(SharedRq),
+}
+
+impl RecvQueue {
+    /// A queue of the QP's own, or the SRQ given.
+    pub(crate) fn new(srq: Option<SharedRq>) -> RecvQueue {
+        match srq {
+            Some(s) => RecvQueue::Shared(s),
+            None => RecvQueue::Own(VecDeque::new()),
+        }
+    }
+
+    /// Takes the next receive WR; an SRQ falling below its limit queues
+    /// [`QpEvent::SrqLimitReached`] into `events`.
+    pub(crate) fn pop(&mut self, events: &mut VecDeque<QpEvent>) -> Option<RecvWqe> {
+        match self {
+            RecvQueue::Own(q) => q.pop_front(),
+            RecvQueue::Shared(s) => {
+                let (wqe, fired) = s.take();
+                if fired {
+                    events.push_back(QpEvent::SrqLimitReached);
+                }
+                wqe
+            }
+        }
+    }
+
+    /// Returns a WR taken for a message that was then abandoned (UC after
+    /// a loss): it takes the next message instead.
+    pub(crate) fn put_back(&mut self, wqe: RecvWqe) {
+        match self {
+            RecvQueue::Own(q) => q.push_front(wqe),
+            RecvQueue::Shared(s) => s.lock().wqes.push_front(wqe),
+        }
+    }
+
+    /// Whether no receive WR is waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            RecvQueue::Own(q) => q.is_empty(),
+            RecvQueue::Shared(s) => s.lock().wqes.is_empty(),
+        }
+    }
+
+    /// WRs in the QP's own queue (0 on an SRQ).
+    pub(crate) fn own_len(&self) -> usize {
+        match self {
+            RecvQueue::Own(q) => q.len(),
+            RecvQueue::Shared(_) => 0,
+        }
+    }
+
+    /// Posts to the QP's own queue (the verbs refuse post_recv on an SRQ
+    /// QP before it gets here).
+    pub(crate) fn push(&mut self, wqe: RecvWqe) {
+        match self {
+            RecvQueue::Own(q) => q.push_back(wqe),
+            RecvQueue::Shared(s) => s.lock().wqes.push_back(wqe),
+        }
+    }
+
+    /// Takes every WR of the QP's own queue (for a flush); an SRQ's WRs
+    /// belong to the SRQ and stay.
+    pub(crate) fn drain_own(&mut self) -> VecDeque<RecvWqe> {
+        match self {
+            RecvQueue::Own(q) => std::mem::take(q),
+            RecvQueue::Shared(_) => VecDeque::new(),
+        }
+    }
+
+    /// Whether the QP takes its WRs from an SRQ.
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self, RecvQueue::Shared(_))
+    }
+}

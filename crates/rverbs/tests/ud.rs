@@ -1,0 +1,385 @@
+//! UD queue pairs and address handles over real UDP sockets, within one
+//! process: two contexts on one device.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use rverbs::{
+    devices, AccessFlags, AddressHandle, AhAttr, CompletionQueue, Context, ErrorKind, MemoryRegion,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QpType, QueuePair, RecvWr, SendWr, Sge,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+
+const QKEY: u32 = 0x1111_2222;
+const GRH: usize = 40;
+
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+}
+
+fn ud_qp(pd: &ProtectionDomain, cq: &CompletionQueue, qkey: u32) -> QueuePair {
+    let qp = pd
+        .qp_builder(cq, cq)
+        .qp_type(QpType::Ud)
+        .caps(QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        })
+        .build()
+        .unwrap();
+    bring_up(&qp, qkey);
+    qp
+}
+
+fn bring_up(qp: &QueuePair, qkey: u32) {
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .unwrap();
+    attr.qp_state = QpState::Rtr;
+    qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = 0x1234;
+    qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
+}
+
+fn side(ctx: Context) -> Side {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let qp = ud_qp(&pd, &cq, QKEY);
+    let mr = pd.alloc_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    Side {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+fn pair() -> (Side, Side) {
+    let dev = &devices().unwrap()[0];
+    (side(dev.open().unwrap()), side(dev.open().unwrap()))
+}
+
+fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
+    Sge {
+        addr: mr.iova() + offset,
+        length: len,
+        lkey: mr.lkey(),
+    }
+}
+
+fn ah_to(from: &Side, to: &Side) -> AddressHandle {
+    from.pd
+        .create_ah(&AhAttr {
+            dgid: to.qp.local_gid(),
+            ..AhAttr::default()
+        })
+        .unwrap()
+}
+
+fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while got.len() < n {
+        assert!(Instant::now() < deadline, "only {got:?} of {n} completions");
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+/// Polls for `d` and returns what arrived (nothing, when a drop is expected).
+fn quiet(cq: &CompletionQueue, d: Duration) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + d;
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while Instant::now() < deadline {
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    got
+}
+
+#[test]
+fn send_lands_after_a_grh_and_the_reply_goes_back_by_an_ah_from_the_wc() {
+    let (a, b) = pair();
+    let msg: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 1) as u8).collect();
+    a.mr.write_at(0, &msg).unwrap();
+    b.qp.post_recv(&RecvWr::new(7, &[sge(&b.mr, 0, 4096)]))
+        .unwrap();
+    let ah = ah_to(&a, &b);
+    let s = [sge(&a.mr, 0, msg.len() as u32)];
+    a.qp.post_send(
+        &SendWr::new(1, WrOpcode::SendWithImm { imm: 0xfeed }, &s)
+            .signaled()
+            .to(&ah, b.qp.qp_num(), QKEY),
+    )
+    .unwrap();
+    let sent = wait(&a.cq, 1);
+    assert_eq!(sent[0].status, WcStatus::Success);
+    assert_eq!(sent[0].opcode, WcOpcode::Send);
+    let got = wait(&b.cq, 1)[0];
+    assert_eq!(got.status, WcStatus::Success, "{got:?}");
+    assert_eq!(got.wr_id, 7);
+    assert_eq!(got.opcode, WcOpcode::Recv);
+    assert_eq!(got.byte_len as usize, GRH + msg.len());
+    assert!(got.wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+    assert_eq!(got.imm(), Some(0xfeed));
+    assert_eq!(got.src_qp, a.qp.qp_num());
+    assert_eq!(got.qp_num, b.qp.qp_num());
+    let mut buf = vec![0u8; GRH + msg.len()];
+    b.mr.read_at(0, &mut buf).unwrap();
+    assert_eq!(&buf[GRH..], &msg[..]);
+    // The GRH: for IPv4, 20 zero bytes, then the IPv4 header.
+    let IpAddr::V4(src) = a.qp.local_gid().to_ip() else {
+        panic!("the default device is IPv4")
+    };
+    assert_eq!(&buf[..20], &[0u8; 20]);
+    assert_eq!(buf[20], 0x45);
+    assert_eq!(buf[29], 17, "UDP");
+    assert_eq!(&buf[32..36], &src.octets());
+
+    // Answer the sender from the completion alone.
+    let attr = AddressHandle::attr_from_wc(&b.ctx, &got, &buf[..GRH]).unwrap();
+    assert_eq!(attr.dgid, a.qp.local_gid());
+    let back = b.pd.create_ah_from_wc(&got, &buf[..GRH]).unwrap();
+    a.qp.post_recv(&RecvWr::new(9, &[sge(&a.mr, 8192, 256)]))
+        .unwrap();
+    b.qp.post_send(
+        &SendWr::inline(2, WrOpcode::Send, b"pong")
+            .to(&back, got.src_qp, QKEY)
+            .signaled(),
+    )
+    .unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::Success);
+    let reply = wait(&a.cq, 1)[0];
+    assert_eq!(reply.status, WcStatus::Success);
+    assert_eq!(reply.byte_len as usize, GRH + 4);
+    assert_eq!(reply.src_qp, b.qp.qp_num());
+    let mut pong = [0u8; 4];
+    a.mr.read_at(8192 + GRH, &mut pong).unwrap();
+    assert_eq!(&pong, b"pong");
+
+    // Without IBV_WC_GRH, or with a short or garbage GRH: EINVAL.
+    let mut no_grh = got;
+    no_grh.wc_flags = WcFlags::empty();
+    let e = b.pd.create_ah_from_wc(&no_grh, &buf[..GRH]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = AddressHandle::attr_from_wc(&b.ctx, &got, &buf[..20]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = AddressHandle::attr_from_wc(&b.ctx, &got, &[0x11; GRH]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn wrong_qkey_and_missing_receive_wr_drop_silently() {
+    let (a, b) = pair();
+    let ah = ah_to(&a, &b);
+    let dev = b.ctx.device();
+    let before = dev.net_stats();
+    // No receive WR posted: dropped, the sender still completes.
+    a.qp.post_send(&SendWr::inline(1, WrOpcode::Send, b"lost").signaled().to(
+        &ah,
+        b.qp.qp_num(),
+        QKEY,
+    ))
+    .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    // Sent is not yet received: wait until the receiver dropped it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dev.net_stats().ud_no_recv_wr == before.ud_no_recv_wr {
+        assert!(Instant::now() < deadline, "the datagram never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    b.qp.post_recv(&RecvWr::new(5, &[sge(&b.mr, 0, 256)]))
+        .unwrap();
+    // A wrong Q_Key: dropped.
+    a.qp.post_send(
+        &SendWr::inline(2, WrOpcode::Send, b"bad key")
+            .signaled()
+            .to(&ah, b.qp.qp_num(), QKEY ^ 1),
+    )
+    .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert!(quiet(&b.cq, Duration::from_millis(200)).is_empty());
+    let after = dev.net_stats();
+    assert_eq!(after.ud_no_recv_wr - before.ud_no_recv_wr, 1);
+    assert_eq!(after.qkey_violations - before.qkey_violations, 1);
+    // A Q_Key with the high bit set in the WR sends the QP's own (QKEY).
+    a.qp.post_send(
+        &SendWr::inline(3, WrOpcode::Send, b"own key").signaled().to(
+            &ah,
+            b.qp.qp_num(),
+            0x8000_0000,
+        ),
+    )
+    .unwrap();
+    let got = wait(&b.cq, 1)[0];
+    assert_eq!((got.wr_id, got.status), (5, WcStatus::Success));
+    assert_eq!(got.byte_len as usize, GRH + 7);
+    assert_eq!(b.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn a_receive_buffer_without_room_for_the_grh_fails_with_loc_len_err() {
+    let (a, b) = pair();
+    let ah = ah_to(&a, &b);
+    b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 40 + 3)]))
+        .unwrap();
+    b.qp.post_recv(&RecvWr::new(2, &[sge(&b.mr, 256, 40 + 4)]))
+        .unwrap();
+    for i in 0..2 {
+        a.qp.post_send(&SendWr::inline(i, WrOpcode::Send, b"four").to(&ah, b.qp.qp_num(), QKEY))
+            .unwrap();
+    }
+    let got = wait(&b.cq, 2);
+    assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::LocLenErr));
+    assert_eq!((got[1].wr_id, got[1].status), (2, WcStatus::Success));
+}
+
+#[test]
+fn ud_post_errors() {
+    let (a, b) = pair();
+    let ah = ah_to(&a, &b);
+    let mtu = a.ctx.query_port(1).unwrap().active_mtu.bytes();
+    let big = [sge(&a.mr, 0, mtu + 1)];
+    let cases: Vec<(SendWr<'_>, &str)> = vec![
+        (
+            SendWr::new(1, WrOpcode::Send, &big).to(&ah, b.qp.qp_num(), QKEY),
+            "beyond the MTU",
+        ),
+        (SendWr::inline(2, WrOpcode::Send, b"x"), "no destination"),
+        (
+            SendWr::inline(
+                3,
+                WrOpcode::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: 1,
+                },
+                b"x",
+            )
+            .to(&ah, b.qp.qp_num(), QKEY),
+            "a WRITE",
+        ),
+        (
+            SendWr::inline(4, WrOpcode::Send, b"x").to(&ah, 1 << 24, QKEY),
+            "a QPN beyond 24 bits",
+        ),
+    ];
+    for (wr, what) in cases {
+        let e = a.qp.post_send(&wr).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{what}: {e}");
+    }
+    // An AH of another PD.
+    let other_pd = a.ctx.alloc_pd().unwrap();
+    let foreign = other_pd
+        .create_ah(&AhAttr {
+            dgid: b.qp.local_gid(),
+            ..AhAttr::default()
+        })
+        .unwrap();
+    let e =
+        a.qp.post_send(&SendWr::inline(5, WrOpcode::Send, b"x").to(&foreign, b.qp.qp_num(), QKEY))
+            .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    // A PD with an AH cannot go; once the AH is destroyed it can.
+    let other_pd = other_pd.dealloc().unwrap_err().into_inner();
+    foreign.destroy().unwrap();
+    other_pd.dealloc().unwrap();
+    // Nothing was sent.
+    assert!(quiet(&a.cq, Duration::from_millis(50)).is_empty());
+}
+
+#[test]
+fn address_handle_attributes_are_checked() {
+    let (a, b) = pair();
+    let good = AhAttr {
+        dgid: b.qp.local_gid(),
+        ..AhAttr::default()
+    };
+    let ah = a.pd.create_ah(&good).unwrap();
+    assert_eq!(ah.attr(), good);
+    for bad in [
+        AhAttr {
+            sgid_index: 1,
+            ..good
+        },
+        AhAttr {
+            port_num: 2,
+            ..good
+        },
+        AhAttr {
+            dgid: rverbs::Gid::ZERO,
+            ..good
+        },
+    ] {
+        let e = a.pd.create_ah(&bad).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+    }
+    assert_eq!(a.ctx.resources().ahs, 1);
+    drop(ah);
+    assert_eq!(a.ctx.resources().ahs, 0);
+}
+
+#[test]
+fn many_datagrams_from_many_senders_arrive_with_their_sources() {
+    let (a, b) = pair();
+    // A second sender QP on `a`'s context.
+    let a2 = ud_qp(&a.pd, &a.cq, QKEY);
+    let ah = ah_to(&a, &b);
+    const N: u64 = 30;
+    for i in 0..2 * N {
+        b.qp.post_recv(&RecvWr::new(i, &[sge(&b.mr, i * 128, 128)]))
+            .unwrap();
+    }
+    for i in 0..N {
+        for (k, qp) in [&a.qp, &a2].into_iter().enumerate() {
+            let data = [(i as u8) ^ (k as u8 * 0x80); 16];
+            qp.post_send(&SendWr::inline(i, WrOpcode::Send, &data).signaled().to(
+                &ah,
+                b.qp.qp_num(),
+                QKEY,
+            ))
+            .unwrap();
+        }
+        // Keep the send queues short of full.
+        wait(&a.cq, 2);
+    }
+    let got = wait(&b.cq, 2 * N as usize);
+    let mut from = [0u64; 2];
+    for wc in &got {
+        assert_eq!(wc.status, WcStatus::Success);
+        let k = usize::from(wc.src_qp == a2.qp_num());
+        assert!(k == 1 || wc.src_qp == a.qp.qp_num());
+        let mut byte = [0u8; 1];
+        b.mr.read_at(wc.wr_id as usize * 128 + GRH, &mut byte)
+            .unwrap();
+        // Datagrams of one sender arrive in its order on loopback.
+        assert_eq!(u64::from(byte[0] ^ (k as u8 * 0x80)), from[k]);
+        from[k] += 1;
+    }
+    assert_eq!(from, [N, N]);
+}
