@@ -383,3 +383,89 @@ fn many_datagrams_from_many_senders_arrive_with_their_sources() {
     }
     assert_eq!(from, [N, N]);
 }
+
+/// Multicast over loopback needs nothing but lo (IP_MULTICAST_IF picks it);
+/// a host whose lo cannot carry multicast fails the join with a clear error.
+#[test]
+fn multicast_reaches_every_attached_qp_and_stops_after_detach() {
+    let dev = &devices().unwrap()[0];
+    let a = side(dev.open().unwrap());
+    let b = side(dev.open().unwrap());
+    let b2 = ud_qp(&b.pd, &b.cq, QKEY);
+    let mgid = rverbs::Gid::from_ip("239.77.0.1".parse().unwrap());
+    b.qp.attach_mcast(mgid, 0).unwrap();
+    b2.attach_mcast(mgid, 0).unwrap();
+    // Twice is a no-op; RC QPs and unicast GIDs are refused.
+    b2.attach_mcast(mgid, 0).unwrap();
+    let e = b2.attach_mcast(b.qp.local_gid(), 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    for (i, qp) in [&b.qp, &b2].into_iter().enumerate() {
+        qp.post_recv(&RecvWr::new(i as u64, &[sge(&b.mr, i as u64 * 256, 256)]))
+            .unwrap();
+        qp.post_recv(&RecvWr::new(
+            10 + i as u64,
+            &[sge(&b.mr, 1024 + i as u64 * 256, 256)],
+        ))
+        .unwrap();
+    }
+    let group =
+        a.pd.create_ah(&AhAttr {
+            dgid: mgid,
+            ..AhAttr::default()
+        })
+        .unwrap();
+    a.qp.post_send(
+        &SendWr::inline(1, WrOpcode::Send, b"to all")
+            .signaled()
+            .to(&group, 0xff_ffff, QKEY),
+    )
+    .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let mut got = wait(&b.cq, 2);
+    got.sort_by_key(|wc| wc.qp_num);
+    let mut qpns = [b.qp.qp_num(), b2.qp_num()];
+    qpns.sort();
+    for (wc, qpn) in got.iter().zip(qpns) {
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        assert_eq!(wc.qp_num, qpn);
+        assert_eq!(wc.src_qp, a.qp.qp_num());
+        assert_eq!(wc.byte_len as usize, GRH + 6);
+        let mut buf = [0u8; GRH + 6];
+        b.mr.read_at(wc.wr_id as usize * 256, &mut buf).unwrap();
+        assert_eq!(&buf[GRH..], b"to all");
+        // The GRH names the group as the destination.
+        assert_eq!(&buf[36..40], &[239, 77, 0, 1]);
+    }
+    // After detaching b2 only b gets the next one.
+    b2.detach_mcast(mgid, 0).unwrap();
+    let e = b2.detach_mcast(mgid, 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    a.qp.post_send(
+        &SendWr::inline(2, WrOpcode::Send, b"second")
+            .signaled()
+            .to(&group, 0xff_ffff, QKEY),
+    )
+    .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let got = wait(&b.cq, 1);
+    assert_eq!(got[0].qp_num, b.qp.qp_num());
+    assert!(quiet(&b.cq, Duration::from_millis(100)).is_empty());
+    // A unicast QPN to a group address reaches nobody.
+    let before = dev.net_stats().rx_unknown_qp;
+    a.qp.post_send(&SendWr::inline(3, WrOpcode::Send, b"x").signaled().to(
+        &group,
+        b.qp.qp_num(),
+        QKEY,
+    ))
+    .unwrap();
+    wait(&a.cq, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dev.net_stats().rx_unknown_qp == before {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(quiet(&b.cq, Duration::from_millis(50)).is_empty());
+    // Destroying the QP detaches it: the device leaves the group.
+    drop(b2);
+    b.qp.detach_mcast(mgid, 0).unwrap();
+}

@@ -49,7 +49,7 @@ use crate::soft::memory::{MrCore, MrTable};
 use crate::soft::qp::QpCore;
 use crate::soft::sys;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
-use crate::soft::transport::ud::{UdCounters, UdQp};
+use crate::soft::transport::ud::{UdCounters, UdQp, MULTICAST_QPN};
 use crate::soft::transport::{PayloadRef, QpEvent, TxBuffer};
 use crate::wr::QpState;
 
@@ -181,8 +181,32 @@ impl QpSlot {
     }
 }
 
+/// A multicast group some of the device's UD QPs are attached to: a socket
+/// bound to the group's address on port 4791 (shared with other devices
+/// and processes through SO_REUSEADDR) that joined the group on the
+/// device's interface.
+struct McastGroup {
+    addr: IpAddr,
+    socket: UdpSocket,
+    qpns: SmallVec<[u32; 4]>,
+}
+
+/// Why a QP could not be attached to a multicast group.
+#[derive(Debug)]
+pub(crate) enum AttachError {
+    /// The device already has `max_mcast_grp` groups.
+    TooManyGroups,
+    /// The group already has `max_mcast_qp_attach` QPs.
+    TooManyQps,
+    /// The host refused the socket, bind or join.
+    Host(io::Error),
+}
+
 struct State {
     socket: Option<UdpSocket>,
+    groups: Vec<McastGroup>,
+    /// IP_MULTICAST_IF was set on the socket.
+    multicast_if_set: bool,
     local: SocketAddr,
     qps: KeyMap<QpSlot>,
     next_qpn: u32,
@@ -227,6 +251,9 @@ pub(crate) struct Engine {
     thread_off_socket: AtomicBool,
     /// Threads blocked waiting for `state`.
     waiting: AtomicUsize,
+    /// Bumped whenever the set of multicast sockets changes (the engine
+    /// thread then polls the new set).
+    groups_changed: AtomicU64,
 }
 
 impl Engine {
@@ -261,6 +288,8 @@ impl Engine {
         Ok(Engine {
             state: Mutex::new(State {
                 socket: Some(socket),
+                groups: Vec::new(),
+                multicast_if_set: false,
                 local,
                 qps: KeyMap::default(),
                 next_qpn: start,
@@ -285,6 +314,7 @@ impl Engine {
             busy_poll_until: AtomicU64::new(0),
             thread_off_socket: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            groups_changed: AtomicU64::new(0),
         })
     }
 
@@ -362,10 +392,68 @@ impl Engine {
         core
     }
 
+    /// Attaches UD QP `qpn` to the multicast group at `group`: the first
+    /// QP of a group makes the device join it. Attaching twice is a no-op.
+    pub(crate) fn attach_mcast(
+        &self,
+        dev: &SoftDevice,
+        qpn: u32,
+        group: IpAddr,
+    ) -> Result<(), AttachError> {
+        let mut st = self.lock();
+        if let Some(g) = st.groups.iter_mut().find(|g| g.addr == group) {
+            if !g.qpns.contains(&qpn) {
+                if g.qpns.len() >= dev.attr.max_mcast_qp_attach as usize {
+                    return Err(AttachError::TooManyQps);
+                }
+                g.qpns.push(qpn);
+            }
+            return Ok(());
+        }
+        if st.groups.len() >= dev.attr.max_mcast_grp as usize {
+            return Err(AttachError::TooManyGroups);
+        }
+        if !st.multicast_if_set {
+            if let Some(sock) = st.socket.as_ref() {
+                let set = match dev.addr {
+                    IpAddr::V4(v4) => sys::set_multicast_if_v4(sock, v4),
+                    IpAddr::V6(_) => sys::set_multicast_if_v6(sock, dev.ifindex),
+                };
+                set.map_err(AttachError::Host)?;
+                st.multicast_if_set = true;
+            }
+        }
+        let socket = join_group(dev, group).map_err(AttachError::Host)?;
+        st.groups.push(McastGroup {
+            addr: group,
+            socket,
+            qpns: smallvec::smallvec![qpn],
+        });
+        self.groups_changed.fetch_add(1, Ordering::SeqCst);
+        drop(st);
+        let _ = self.waker.write(1);
+        Ok(())
+    }
+
+    /// Detaches QP `qpn` from `group`; the last QP out makes the device
+    /// leave it. False if the QP was not attached.
+    pub(crate) fn detach_mcast(&self, qpn: u32, group: IpAddr) -> bool {
+        let mut st = self.lock();
+        let detached = detach(&mut st, qpn, Some(group));
+        if detached {
+            self.groups_changed.fetch_add(1, Ordering::SeqCst);
+            let _ = self.waker.write(1);
+        }
+        detached
+    }
+
     /// Takes a QP off the wire; its outstanding work is dropped unreported,
     /// as destroying a QP does.
     pub(crate) fn remove_qp(&self, qpn: u32) {
         let mut st = self.lock();
+        if detach(&mut st, qpn, None) {
+            self.groups_changed.fetch_add(1, Ordering::SeqCst);
+        }
         if let Some(slot) = st.qps.remove(&qpn) {
             if let Some(d) = slot.deadline {
                 st.timers.remove(&(d, qpn));
@@ -527,6 +615,9 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
     // while before sleeping: a stream's next batch is then picked up without
     // the sender's kernel having to wake this thread for every batch.
     let mut spin_until: Option<Instant> = None;
+    // The multicast sockets it watches too, as of `groups_seen`.
+    let mut group_fds: Vec<OwnedFd> = Vec::new();
+    let mut groups_seen = 0;
     loop {
         if engine.stopped.load(Ordering::Acquire) {
             return;
@@ -579,10 +670,22 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
             timer
         };
         let timeout = timer.map(|t| TimeSpec::from_duration(t.saturating_duration_since(now)));
-        let mut fds = [
-            PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN),
-            PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN),
-        ];
+        let generation = engine.groups_changed.load(Ordering::SeqCst);
+        if generation != groups_seen {
+            let st = engine.lock();
+            group_fds = st
+                .groups
+                .iter()
+                .filter_map(|g| g.socket.as_fd().try_clone_to_owned().ok())
+                .collect();
+            groups_seen = generation;
+        }
+        let mut fds: SmallVec<[PollFd<'_>; 4]> = SmallVec::new();
+        fds.push(PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN));
+        fds.push(PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN));
+        for fd in &group_fds {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
         match ppoll(&mut fds, timeout, None) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
@@ -605,6 +708,57 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
             spin_until = Some(now + RX_SPIN);
         }
     }
+}
+
+/// A socket that receives `group`'s datagrams to port 4791 on the device's
+/// interface.
+fn join_group(dev: &SoftDevice, group: IpAddr) -> io::Result<UdpSocket> {
+    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6};
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let family = if group.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket(family, SockType::Datagram, flags, None)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    match group {
+        IpAddr::V4(g) => bind(
+            fd.as_raw_fd(),
+            &SockaddrIn::from(std::net::SocketAddrV4::new(g, ROCE_V2_PORT)),
+        )?,
+        IpAddr::V6(g) => bind(
+            fd.as_raw_fd(),
+            &SockaddrIn6::from(std::net::SocketAddrV6::new(g, ROCE_V2_PORT, 0, 0)),
+        )?,
+    }
+    let socket = UdpSocket::from(fd);
+    match (group, dev.addr) {
+        (IpAddr::V4(g), IpAddr::V4(local)) => socket.join_multicast_v4(&g, &local)?,
+        (IpAddr::V6(g), _) => socket.join_multicast_v6(&g, dev.ifindex)?,
+        (IpAddr::V4(_), IpAddr::V6(_)) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an IPv4 group on an IPv6 device",
+            ))
+        }
+    }
+    Ok(socket)
+}
+
+/// Detaches `qpn` from `group` (from every group: `None`); groups left
+/// without QPs close their sockets. Whether anything changed.
+fn detach(st: &mut State, qpn: u32, group: Option<IpAddr>) -> bool {
+    let mut changed = false;
+    st.groups.retain_mut(|g| {
+        if group.is_none_or(|a| a == g.addr) {
+            let before = g.qpns.len();
+            g.qpns.retain(|q| *q != qpn);
+            changed |= g.qpns.len() != before;
+        }
+        !g.qpns.is_empty()
+    });
+    changed
 }
 
 fn mark_dirty(st: &mut State, qpn: u32) {
@@ -741,6 +895,7 @@ fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         }
         st.rx_spare = left.buf;
     }
+    receive_multicast(st, mem);
     let mut rx = std::mem::take(&mut st.rx);
     for _ in 0..RX_BUDGET {
         let mut cmsg = CmsgBuffer([0; 64]);
@@ -801,6 +956,47 @@ fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         }
     }
     st.rx = rx;
+}
+
+/// Receives what the multicast sockets hold (no GRO there: one packet per
+/// datagram) and hands each packet to every QP attached to its group.
+fn receive_multicast(st: &mut State, mem: &MrTable) {
+    let mut buf = [0u8; MAX_PACKET];
+    let mut i = 0;
+    while i < st.groups.len() {
+        let group = st.groups[i].addr;
+        for _ in 0..RX_BUDGET {
+            let (n, peer) = match st.groups[i].socket.recv_from(&mut buf) {
+                Ok(r) => r,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            st.stats.rx_recvs += 1;
+            st.stats.rx_packets += 1;
+            let pkt = &buf[..n];
+            let (ip, ip_len, udp) = headers(peer, peer_endpoint(group), n, 0);
+            if !matches!(icrc::check(&ip[..ip_len], &udp, pkt), Ok((c, w)) if c == w) {
+                st.stats.rx_icrc_errors += 1;
+                continue;
+            }
+            let Ok(p) = PacketRepr::parse(pkt) else {
+                st.stats.rx_malformed += 1;
+                continue;
+            };
+            if p.bth.dest_qp != MULTICAST_QPN {
+                st.stats.rx_unknown_qp += 1;
+                continue;
+            }
+            let qpns = st.groups[i].qpns.clone();
+            for qpn in qpns {
+                if let Some(ud) = st.qps.get_mut(&qpn).and_then(|s| s.ud.as_mut()) {
+                    ud.handle_packet(&p, mem, peer.ip(), group);
+                    mark_dirty(st, qpn);
+                }
+            }
+        }
+        i += 1;
+    }
 }
 
 /// A received datagram (one packet, or a GRO batch of `seg`-byte segments)

@@ -101,3 +101,38 @@ pub(crate) fn send_to(
         Ok(n as usize)
     }
 }
+
+/// Sends the socket's IPv4 multicast out of the interface holding `addr`
+/// (`IP_MULTICAST_IF`); without it Linux picks the default route's.
+pub(crate) fn set_multicast_if_v4(fd: &impl AsRawFd, addr: std::net::Ipv4Addr) -> io::Result<()> {
+    let value = libc::in_addr {
+        s_addr: u32::from_ne_bytes(addr.octets()),
+    };
+    // SAFETY: `fd` is an open socket borrowed for the call; the option value
+    // is a live in_addr and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_IF,
+            (&value as *const libc::in_addr).cast(),
+            std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sends the socket's IPv6 multicast out of interface `ifindex`
+/// (`IPV6_MULTICAST_IF`).
+pub(crate) fn set_multicast_if_v6(fd: &impl AsRawFd, ifindex: u32) -> io::Result<()> {
+    set_int_opt(
+        fd,
+        libc::IPPROTO_IPV6,
+        libc::IPV6_MULTICAST_IF,
+        ifindex as libc::c_int,
+    )
+}

@@ -10,7 +10,7 @@ use crate::attr::{AccessFlags, Gid, Mtu};
 use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
 use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpType};
 use crate::soft::device::{DestroyPath, GID_TABLE_LEN, PORT_NUM};
-use crate::soft::net::peer_endpoint;
+use crate::soft::net::{peer_endpoint, AttachError};
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
 use crate::soft::transport::ud::{UdConfig, UdDest, UdQp, UdSendWqe};
@@ -893,6 +893,92 @@ impl QueuePair {
                         | QpAttrMask::MAX_QP_RD_ATOMIC,
                 ),
         )
+    }
+
+    /// Attaches this UD QP to the multicast group `mgid` (`ibv_attach_mcast`;
+    /// `lid` is unused on RoCE). RoCEv2 maps the group to IP multicast: the
+    /// device joins the IPv4 (IPv4-mapped GID) or IPv6 group on its
+    /// interface, and every datagram sent to that GID with remote QPN
+    /// 0xFFFFFF reaches every attached QP, on every host that joined.
+    /// EINVAL for a QP that is not UD or a GID that is not multicast (or of
+    /// the other IP family); ENOMEM past `max_mcast_grp` /
+    /// `max_mcast_qp_attach`; the host's error (naming the group and the
+    /// address) when it cannot join — no multicast route, say.
+    pub fn attach_mcast(&self, mgid: Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let verb = Verb::AttachMcast;
+        let group = self.check_mcast(verb, mgid)?;
+        let dev = &self.core.ctx.device;
+        dev.engine
+            .attach_mcast(dev, self.core.qpn, group)
+            .map_err(|e| match e {
+                AttachError::TooManyGroups => Error::new(
+                    verb,
+                    ErrorKind::OutOfMemory,
+                    format!(
+                        "device {} is in max_mcast_grp = {} groups already",
+                        dev.name, dev.attr.max_mcast_grp
+                    ),
+                ),
+                AttachError::TooManyQps => Error::new(
+                    verb,
+                    ErrorKind::OutOfMemory,
+                    format!(
+                        "group {mgid} has max_mcast_qp_attach = {} QPs already",
+                        dev.attr.max_mcast_qp_attach
+                    ),
+                ),
+                AttachError::Host(e) => Error::from_io(
+                    verb,
+                    &e,
+                    &format!(
+                        "cannot join multicast group {group} on {} (does the host route                          multicast on that interface?)",
+                        dev.addr
+                    ),
+                ),
+            })
+    }
+
+    /// Detaches this QP from the multicast group `mgid` (`ibv_detach_mcast`):
+    /// EINVAL if it was not attached.
+    pub fn detach_mcast(&self, mgid: Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let verb = Verb::DetachMcast;
+        let group = self.check_mcast(verb, mgid)?;
+        let dev = &self.core.ctx.device;
+        if dev.engine.detach_mcast(self.core.qpn, group) {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                verb,
+                format!("QP {:#x} is not attached to {mgid}", self.core.qpn),
+            ))
+        }
+    }
+
+    fn check_mcast(&self, verb: Verb, mgid: Gid) -> Result<std::net::IpAddr> {
+        let dev = &self.core.ctx.device;
+        dev.check_alive(verb)?;
+        if self.core.qp_type != QpType::Ud {
+            return Err(Error::invalid(
+                verb,
+                format!("only UD QPs join multicast groups, not {:?}", self.core.qp_type),
+            ));
+        }
+        let ip = mgid.to_ip();
+        if !ip.is_multicast() {
+            return Err(Error::invalid(
+                verb,
+                format!("{mgid} is not a multicast GID"),
+            ));
+        }
+        if ip.is_ipv4() != dev.addr.is_ipv4() {
+            return Err(Error::invalid(
+                verb,
+                format!("{mgid} is not of {}'s IP family", dev.addr),
+            ));
+        }
+        Ok(ip)
     }
 
     /// The GID this QP's packets come from (GID index 0).
