@@ -713,7 +713,9 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
 /// A socket that receives `group`'s datagrams to port 4791 on the device's
 /// interface.
 fn join_group(dev: &SoftDevice, group: IpAddr) -> io::Result<UdpSocket> {
-    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6};
+    use nix::sys::socket::{
+        bind, socket, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6,
+    };
     let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
     let family = if group.is_ipv4() {
         AddressFamily::Inet

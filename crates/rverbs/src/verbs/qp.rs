@@ -962,7 +962,10 @@ impl QueuePair {
         if self.core.qp_type != QpType::Ud {
             return Err(Error::invalid(
                 verb,
-                format!("only UD QPs join multicast groups, not {:?}", self.core.qp_type),
+                format!(
+                    "only UD QPs join multicast groups, not {:?}",
+                    self.core.qp_type
+                ),
             ));
         }
         let ip = mgid.to_ip();
