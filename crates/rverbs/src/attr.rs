@@ -241,6 +241,8 @@ impl PortState {
 
 /// Physical port state `LinkUp`, the value `ibv_port_attr::phys_state` has on a working port.
 pub const PHYS_STATE_LINK_UP: u8 = 5;
+/// `phys_state` value for a port whose link is disabled (as `ibv_devinfo` prints it).
+pub const PHYS_STATE_DISABLED: u8 = 3;
 
 /// The link layer of a port (`IBV_LINK_LAYER_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

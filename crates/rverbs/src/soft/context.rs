@@ -59,6 +59,10 @@ impl ContextCore {
                 format!("device {} was disassociated", device.name),
             ));
         }
+        // The engine thread watches the port for this context's events.
+        if device.link_watch.is_some() {
+            device.engine.start_thread(device);
+        }
         Ok(ctx)
     }
 

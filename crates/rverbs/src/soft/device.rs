@@ -13,8 +13,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::attr::{
     AtomicCap, DeviceAttr, DeviceCapFlags, Gid, LinkLayer, Mtu, PortAttr, PortCapFlags, PortState,
-    PHYS_STATE_LINK_UP,
+    PHYS_STATE_DISABLED, PHYS_STATE_LINK_UP,
 };
+use crate::event::AsyncEventType;
+use crate::soft::context::AsyncSource;
+use crate::soft::link::{self, LinkWatch};
 use crate::error::{Error, ErrorKind, Verb};
 use crate::soft::config::{self, DeviceAddr, DeviceConfig};
 use crate::soft::context::ContextCore;
@@ -213,6 +216,10 @@ pub(crate) struct SoftDevice {
     pub(crate) srqs: Quota,
     pub(crate) ahs: Quota,
     contexts: Mutex<Vec<Weak<ContextCore>>>,
+    /// The port is ACTIVE: its address is on an interface that is up.
+    port_active: AtomicBool,
+    /// Address and link changes of the host (`None`: not watchable here).
+    pub(crate) link_watch: Option<LinkWatch>,
 }
 
 impl SoftDevice {
@@ -254,6 +261,14 @@ impl SoftDevice {
             ahs: Quota::new(attr.max_ah),
             attr,
             contexts: Mutex::new(Vec::new()),
+            port_active: AtomicBool::new(link::address_usable(local)),
+            link_watch: match LinkWatch::open() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!("cannot watch address changes ({e}); the port stays ACTIVE");
+                    None
+                }
+            },
         }))
     }
 
@@ -300,6 +315,40 @@ impl SoftDevice {
     /// PD check compares PD handles.
     pub(crate) fn new_handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The port's attributes as of now: DOWN (physical state disabled)
+    /// while the device's address is gone.
+    pub(crate) fn port_attr(&self) -> PortAttr {
+        let mut port = self.port.clone();
+        if !self.port_active.load(Ordering::Acquire) {
+            port.state = PortState::Down;
+            port.phys_state = PHYS_STATE_DISABLED;
+        }
+        port
+    }
+
+    /// Looks whether the address is still usable; on a change the port
+    /// follows, with IBV_EVENT_PORT_ERR or IBV_EVENT_PORT_ACTIVE to every
+    /// open context.
+    pub(crate) fn check_link(&self) {
+        let up = link::address_usable(self.addr);
+        if self.port_active.swap(up, Ordering::AcqRel) == up {
+            return;
+        }
+        tracing::info!(name = %self.name, addr = %self.addr, up, "port state changed");
+        let event = if up {
+            AsyncEventType::PortActive
+        } else {
+            AsyncEventType::PortErr
+        };
+        let contexts: Vec<_> = {
+            let list = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        for ctx in contexts {
+            ctx.post_async(event, AsyncSource::Port(PORT_NUM));
+        }
     }
 
     /// Adds a context to those disassociation reaches; false if the device

@@ -14,6 +14,7 @@ pub(crate) mod context;
 pub(crate) mod cq;
 pub mod device;
 pub(crate) mod keymap;
+pub(crate) mod link;
 pub(crate) mod memory;
 pub mod net;
 pub(crate) mod notify;

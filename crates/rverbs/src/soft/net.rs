@@ -562,7 +562,8 @@ impl Engine {
         }
     }
 
-    fn start_thread(&self, dev: &Arc<SoftDevice>) {
+    /// Starts the engine thread, once.
+    pub(crate) fn start_thread(&self, dev: &Arc<SoftDevice>) {
         if self.thread_started.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -618,6 +619,8 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
     // The multicast sockets it watches too, as of `groups_seen`.
     let mut group_fds: Vec<OwnedFd> = Vec::new();
     let mut groups_seen = 0;
+    // A change before the thread watched goes unnoticed otherwise.
+    dev.check_link();
     loop {
         if engine.stopped.load(Ordering::Acquire) {
             return;
@@ -683,6 +686,9 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
         let mut fds: SmallVec<[PollFd<'_>; 4]> = SmallVec::new();
         fds.push(PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN));
         fds.push(PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN));
+        if let Some(w) = &dev.link_watch {
+            fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
+        }
         for fd in &group_fds {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
@@ -692,6 +698,15 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
                 tracing::error!("engine poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
             }
+        }
+        let link_changed = dev.link_watch.is_some()
+            && fds[2].revents().is_some_and(|r| !r.is_empty());
+        drop(fds);
+        if link_changed {
+            if let Some(w) = &dev.link_watch {
+                w.drain();
+            }
+            dev.check_link();
         }
         let _ = engine.waker.read();
         let now = Instant::now();

@@ -59,7 +59,7 @@ impl Context {
     /// Port attributes (`ibv_query_port`); the only port is 1.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.check_port(Verb::QueryPort, port)?;
-        Ok(self.core.device.port.clone())
+        Ok(self.core.device.port_attr())
     }
 
     /// The GID at `index` of `port`'s table (`ibv_query_gid`).
