@@ -29,6 +29,10 @@ fn main() {
         ("disassociation_without_allow_destroy", disassoc_unset),
         ("disassociation_with_allow_destroy_1", disassoc_set),
         ("disassociation_with_allow_destroy_0", disassoc_zero),
+        (
+            "multicast_reaches_other_processes",
+            multicast_across_processes,
+        ),
     ];
     let mut failed = Vec::new();
     let mut ran = 0;
@@ -232,6 +236,37 @@ fn disassoc_zero() {
     disassoc(Some("0"), "eio");
 }
 
+/// Two receiver processes attach a UD QP each to one multicast group; a
+/// third process, attached to nothing, sends one datagram to the group.
+fn multicast_across_processes() {
+    let pid = std::process::id();
+    let group = format!("239.{}.{}.7", 1 + (pid >> 8) % 250, pid % 256);
+    let mut receivers = Vec::new();
+    for n in [1, 2] {
+        let mut cmd = child_cmd("mcast-recv", &[&group]);
+        cmd.env("RVERBS_ADDR", addr(n))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "joined", "receiver {n}");
+        receivers.push((child, out));
+    }
+    let mut send = child_cmd("mcast-send", &[&group]);
+    send.env("RVERBS_ADDR", addr(3));
+    let sent = run(send);
+    assert!(sent.ok, "sender: {}", sent.stderr);
+    for (n, (mut child, mut out)) in receivers.into_iter().enumerate() {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(line.trim(), "got hello group", "receiver {}", n + 1);
+        assert!(status.success(), "receiver {}", n + 1);
+    }
+}
+
 // ---- children ----
 
 fn child(mode: &str, args: &[String]) {
@@ -254,6 +289,8 @@ fn child(mode: &str, args: &[String]) {
             }
         },
         "disassociate" => child_disassociate(args.first().map(String::as_str) == Some("allowed")),
+        "mcast-recv" => child_multicast(&args[0], false),
+        "mcast-send" => child_multicast(&args[0], true),
         other => panic!("unknown child mode {other:?}"),
     }
 }
@@ -336,4 +373,86 @@ fn child_disassociate(allowed: bool) {
     }
     assert_eq!(rverbs::soft::device::allow_disassoc_destroy(), allowed);
     println!("disassociated: {}", if allowed { "allowed" } else { "eio" });
+}
+
+/// A UD QP with Q_Key 0x5eed: attached to `group` and waiting for one
+/// datagram (`send` false), or sending one to it.
+fn child_multicast(group: &str, send: bool) {
+    use rverbs::{
+        AhAttr, Gid, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendWr, WorkCompletion, WrOpcode,
+    };
+    const QKEY: u32 = 0x5eed;
+    let dev = &devices().unwrap()[0];
+    let ctx = dev.open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let caps = rverbs::QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .qp_type(QpType::Ud)
+        .caps(caps)
+        .build()
+        .unwrap();
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey: QKEY,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .unwrap();
+    attr.qp_state = QpState::Rtr;
+    qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    attr.qp_state = QpState::Rts;
+    qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
+    let mgid = Gid::from_ip(group.parse().unwrap());
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    let poll = |wc: &mut [WorkCompletion; 1]| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cq.poll(wc).unwrap() == 0 {
+            assert!(std::time::Instant::now() < deadline, "no completion");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(wc[0].is_success(), "{:?}", wc[0]);
+    };
+    if send {
+        let ah = pd
+            .create_ah(&AhAttr {
+                dgid: mgid,
+                ..AhAttr::default()
+            })
+            .unwrap();
+        qp.post_send(
+            &SendWr::inline(1, WrOpcode::Send, b"hello group")
+                .signaled()
+                .to(&ah, 0xff_ffff, QKEY),
+        )
+        .unwrap();
+        poll(&mut wc);
+        return;
+    }
+    qp.attach_mcast(mgid, 0).unwrap();
+    let sge = rverbs::Sge {
+        addr: mr.iova(),
+        length: 4096,
+        lkey: mr.lkey(),
+    };
+    qp.post_recv(&RecvWr::new(1, &[sge])).unwrap();
+    println!("joined");
+    std::io::stdout().flush().unwrap();
+    poll(&mut wc);
+    let mut data = vec![0u8; wc[0].byte_len as usize - 40];
+    mr.read_at(40, &mut data).unwrap();
+    println!("got {}", String::from_utf8_lossy(&data));
 }

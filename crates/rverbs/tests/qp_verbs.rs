@@ -2036,3 +2036,42 @@ fn solicited_only_arm_fires_for_a_solicited_send_only() {
         [(2, WcStatus::WrFlushErr)]
     );
 }
+
+#[test]
+fn a_request_the_responder_does_not_allow_raises_qp_req_err() {
+    let (a, b) = (side(Opts::default()), side(Opts::default()));
+    let (ea, eb) = (endpoint(&a), endpoint(&b));
+    a.qp.connect(ea.psn, &eb, &conn_opts()).unwrap();
+    // B lets peers read its memory, not write it.
+    let read_only = ConnectOptions {
+        access: AccessFlags::REMOTE_READ,
+        ..conn_opts()
+    };
+    b.qp.connect(eb.psn, &ea, &read_only).unwrap();
+    let s = [sge(&a.mr, 0, 64)];
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.iova(),
+                rkey: b.mr.rkey(),
+            },
+            &s,
+        )
+        .signaled(),
+    )
+    .unwrap();
+    let sq = wait(&a.scq, 1, "requester send CQ");
+    assert_eq!(ids_and_status(&sq), [(1, WcStatus::RemInvReqErr)]);
+    let ev = wait_event(&b.ctx, AsyncEventType::QpReqErr, "responder");
+    assert!(ev.is_for_qp(&b.qp), "{ev:?}");
+    assert_eq!(
+        ev.element(),
+        rverbs::AsyncEventElement::Qp {
+            qp_num: b.qp.qp_num(),
+            user_data: b.qp.user_data()
+        }
+    );
+    drop(ev);
+    assert_eq!(b.qp.state(), QpState::Err);
+}

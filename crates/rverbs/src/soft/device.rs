@@ -15,12 +15,12 @@ use crate::attr::{
     AtomicCap, DeviceAttr, DeviceCapFlags, Gid, LinkLayer, Mtu, PortAttr, PortCapFlags, PortState,
     PHYS_STATE_DISABLED, PHYS_STATE_LINK_UP,
 };
-use crate::event::AsyncEventType;
-use crate::soft::context::AsyncSource;
-use crate::soft::link::{self, LinkWatch};
 use crate::error::{Error, ErrorKind, Verb};
+use crate::event::AsyncEventType;
 use crate::soft::config::{self, DeviceAddr, DeviceConfig};
+use crate::soft::context::AsyncSource;
 use crate::soft::context::ContextCore;
+use crate::soft::link::{self, LinkWatch};
 use crate::soft::memory::MrTable;
 use crate::soft::net::Engine;
 
@@ -249,7 +249,7 @@ impl SoftDevice {
             port: port_attr(active_mtu),
             interface: link.as_ref().map(|l| l.name.clone()),
             ifindex: link.as_ref().map_or(0, |l| l.index),
-            engine: Engine::new(socket)
+            engine: Engine::new(socket, link.as_ref().map_or(0, |l| l.index))
                 .map_err(|e| Error::from_io(Verb::GetDeviceList, &e, "UDP endpoint setup"))?,
             disassociated: AtomicBool::new(false),
             next_handle: AtomicU64::new(1),

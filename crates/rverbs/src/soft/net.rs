@@ -205,8 +205,6 @@ pub(crate) enum AttachError {
 struct State {
     socket: Option<UdpSocket>,
     groups: Vec<McastGroup>,
-    /// IP_MULTICAST_IF was set on the socket.
-    multicast_if_set: bool,
     local: SocketAddr,
     qps: KeyMap<QpSlot>,
     next_qpn: u32,
@@ -257,11 +255,20 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// An engine on a bound socket; the thread starts with the first QP.
-    pub(crate) fn new(socket: UdpSocket) -> io::Result<Engine> {
+    /// An engine on a bound socket, whose address is on interface
+    /// `ifindex` (0: unknown); the thread starts with the first context
+    /// or QP.
+    pub(crate) fn new(socket: UdpSocket, ifindex: u32) -> io::Result<Engine> {
         socket.set_nonblocking(true)?;
         let local = socket.local_addr()?;
         crate::soft::sys::set_dont_fragment(&socket, local.is_ipv6())?;
+        // Multicast sends leave by the device's interface, not the default
+        // route's (best effort: unicast does not depend on it).
+        let _ = match local.ip() {
+            IpAddr::V4(v4) => sys::set_multicast_if_v4(&socket, v4),
+            IpAddr::V6(_) if ifindex != 0 => sys::set_multicast_if_v6(&socket, ifindex),
+            IpAddr::V6(_) => Ok(()),
+        };
         // Room for bursts: each QP may have a window of packets in flight
         // before the receiver drains its socket.
         // RVERBS_SOCKET_BUFFER (bytes) overrides the sizes, to tune a host
@@ -289,7 +296,6 @@ impl Engine {
             state: Mutex::new(State {
                 socket: Some(socket),
                 groups: Vec::new(),
-                multicast_if_set: false,
                 local,
                 qps: KeyMap::default(),
                 next_qpn: start,
@@ -412,16 +418,6 @@ impl Engine {
         }
         if st.groups.len() >= dev.attr.max_mcast_grp as usize {
             return Err(AttachError::TooManyGroups);
-        }
-        if !st.multicast_if_set {
-            if let Some(sock) = st.socket.as_ref() {
-                let set = match dev.addr {
-                    IpAddr::V4(v4) => sys::set_multicast_if_v4(sock, v4),
-                    IpAddr::V6(_) => sys::set_multicast_if_v6(sock, dev.ifindex),
-                };
-                set.map_err(AttachError::Host)?;
-                st.multicast_if_set = true;
-            }
         }
         let socket = join_group(dev, group).map_err(AttachError::Host)?;
         st.groups.push(McastGroup {
@@ -699,8 +695,8 @@ fn engine_thread(dev: &Arc<SoftDevice>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let link_changed = dev.link_watch.is_some()
-            && fds[2].revents().is_some_and(|r| !r.is_empty());
+        let link_changed =
+            dev.link_watch.is_some() && fds[2].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
         if link_changed {
             if let Some(w) = &dev.link_watch {

@@ -140,6 +140,13 @@ impl SharedReceiveQueue {
         let verb = Verb::ModifySrq;
         let dev = &self.core.ctx.device;
         dev.check_alive(verb)?;
+        let unknown = mask.difference(SrqAttrMask::all());
+        if !unknown.is_empty() {
+            return Err(Error::invalid(
+                verb,
+                format!("mask bits {:#x} are not SRQ attributes", unknown.bits()),
+            ));
+        }
         let mut q = self.core.queue.lock();
         let max_wr = if mask.contains(SrqAttrMask::MAX_WR) {
             if attr.max_wr == 0 || attr.max_wr > dev.attr.max_srq_wr {

@@ -438,6 +438,7 @@ pub(crate) struct RcQp {
 impl RcQp {
     /// A QP in INIT with `cfg`'s identity; the rest of `cfg` is set by
     /// [`enter_rtr`](Self::enter_rtr) and [`enter_rts`](Self::enter_rts).
+    #[cfg(test)]
     pub(crate) fn new(cfg: RcConfig) -> RcQp {
         RcQp::with_srq(cfg, None)
     }
