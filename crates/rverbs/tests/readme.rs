@@ -65,20 +65,97 @@ fn readme_rc_example() -> rverbs::Result<()> {
     Ok(())
 }
 
-/// The README block and this file agree (modulo indentation).
+#[test]
+fn readme_ud_example() -> rverbs::Result<()> {
+    // README UD begin
+    use rverbs::{AccessFlags, AhAttr, QpAttr, QpAttrMask, QpState, QpType};
+    use rverbs::{RecvWr, SendWr, Sge, WorkCompletion, WrOpcode};
+
+    let device = &rverbs::devices()?[0];
+    let ctx = device.open()?;
+    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(64)?);
+    let qkey = 0x1111_1111;
+    let ud_qp = || -> rverbs::Result<rverbs::QueuePair> {
+        let qp = pd.qp_builder(&cq, &cq).qp_type(QpType::Ud).build()?;
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        let init = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
+        qp.modify(&attr, init)?;
+        attr.qp_state = QpState::Rtr;
+        qp.modify(&attr, QpAttrMask::STATE)?;
+        attr.qp_state = QpState::Rts;
+        qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)?;
+        Ok(qp)
+    };
+    let (tx, rx) = (ud_qp()?, ud_qp()?);
+    let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+    mr.write_at(0, b"datagram")?;
+    let at = |offset: u64, length: u32| Sge {
+        addr: mr.iova() + offset,
+        length,
+        lkey: mr.lkey(),
+    };
+    // A UD receive buffer starts with the 40-byte GRH.
+    rx.post_recv(&RecvWr::new(1, &[at(1024, 40 + 8)]))?;
+    let ah = pd.create_ah(&AhAttr {
+        dgid: rx.local_gid(),
+        ..AhAttr::default()
+    })?;
+    let data = [at(0, 8)];
+    tx.post_send(
+        &SendWr::new(2, WrOpcode::Send, &data)
+            .signaled()
+            .to(&ah, rx.qp_num(), qkey),
+    )?;
+
+    let mut wc = [WorkCompletion::default(); 2];
+    let mut done = 0;
+    while done < 2 {
+        done += cq.poll(&mut wc[done..])?;
+    }
+    // The receive names its sender (src_qp, and the GRH): answer it.
+    let recv = wc
+        .iter()
+        .find(|w| w.qp_num == rx.qp_num())
+        .expect("received");
+    let mut grh = [0u8; 40];
+    mr.read_at(1024, &mut grh)?;
+    let back = pd.create_ah_from_wc(recv, &grh)?;
+    // README UD end
+
+    assert!(wc.iter().all(|w| w.status == rverbs::WcStatus::Success));
+    assert_eq!(recv.byte_len, 40 + 8);
+    assert_eq!(recv.src_qp, tx.qp_num());
+    let mut got = [0u8; 8];
+    mr.read_at(1024 + 40, &mut got)?;
+    assert_eq!(&got, b"datagram");
+    assert_eq!(back.attr().dgid, tx.local_gid());
+    Ok(())
+}
+
+/// The README's blocks and this file agree (modulo indentation).
 #[test]
 fn readme_block_matches() {
+    check_block("qp_builder", "README");
+    check_block("QpType::Ud", "README UD");
+}
+
+fn check_block(keyword: &str, marker: &str) {
     let readme = include_str!("../../../README.md");
     let this = include_str!("readme.rs");
     let block = readme
         .split("```rust\n")
-        .find(|b| b.contains("qp_builder"))
+        .find(|b| b.contains(keyword))
         .and_then(|b| b.split("```").next())
-        .expect("the README's RC example");
+        .expect("the README's example");
     let ours: String = this
-        .split("// README begin\n")
+        .split(&format!("// {marker} begin\n"))
         .nth(1)
-        .and_then(|s| s.split("    // README end").next())
+        .and_then(|s| s.split(&format!("    // {marker} end")).next())
         .expect("markers")
         .lines()
         .map(|l| l.strip_prefix("    ").unwrap_or(l))
