@@ -59,15 +59,17 @@ impl SharedRq {
 pub(crate) enum RecvQueue {
     /// The QP's own queue.
     Own(VecDeque<RecvWqe>),
-    /// A shared receive queue.
-    Shared(SharedRq),
+    /// A shared receive queue, and a WR this QP took from it for a message
+    /// it then abandoned (UC after a loss): the QP's next message takes it.
+    /// It stays out of the SRQ, so the SRQ never holds more than `max_wr`.
+    Shared(SharedRq, Option<RecvWqe>),
 }
 
 impl RecvQueue {
     /// A queue of the QP's own, or the SRQ given.
     pub(crate) fn new(srq: Option<SharedRq>) -> RecvQueue {
         match srq {
-            Some(s) => RecvQueue::Shared(s),
+            Some(s) => RecvQueue::Shared(s, None),
             None => RecvQueue::Own(VecDeque::new()),
         }
     }
@@ -77,7 +79,10 @@ impl RecvQueue {
     pub(crate) fn pop(&mut self, events: &mut VecDeque<QpEvent>) -> Option<RecvWqe> {
         match self {
             RecvQueue::Own(q) => q.pop_front(),
-            RecvQueue::Shared(s) => {
+            RecvQueue::Shared(s, held) => {
+                if let Some(wqe) = held.take() {
+                    return Some(wqe);
+                }
                 let (wqe, fired) = s.take();
                 if fired {
                     events.push_back(QpEvent::SrqLimitReached);
@@ -92,7 +97,7 @@ impl RecvQueue {
     pub(crate) fn put_back(&mut self, wqe: RecvWqe) {
         match self {
             RecvQueue::Own(q) => q.push_front(wqe),
-            RecvQueue::Shared(s) => s.lock().wqes.push_front(wqe),
+            RecvQueue::Shared(_, held) => *held = Some(wqe),
         }
     }
 
@@ -100,7 +105,7 @@ impl RecvQueue {
     pub(crate) fn is_empty(&self) -> bool {
         match self {
             RecvQueue::Own(q) => q.is_empty(),
-            RecvQueue::Shared(s) => s.lock().wqes.is_empty(),
+            RecvQueue::Shared(s, held) => held.is_none() && s.lock().wqes.is_empty(),
         }
     }
 
@@ -108,7 +113,7 @@ impl RecvQueue {
     pub(crate) fn own_len(&self) -> usize {
         match self {
             RecvQueue::Own(q) => q.len(),
-            RecvQueue::Shared(_) => 0,
+            RecvQueue::Shared(..) => 0,
         }
     }
 
@@ -117,21 +122,21 @@ impl RecvQueue {
     pub(crate) fn push(&mut self, wqe: RecvWqe) {
         match self {
             RecvQueue::Own(q) => q.push_back(wqe),
-            RecvQueue::Shared(s) => s.lock().wqes.push_back(wqe),
+            RecvQueue::Shared(s, _) => s.lock().wqes.push_back(wqe),
         }
     }
 
-    /// Takes every WR of the QP's own queue (for a flush); an SRQ's WRs
-    /// belong to the SRQ and stay.
+    /// Takes every WR the QP holds (for a flush): its own queue, or the
+    /// one it took from its SRQ and kept; the SRQ's WRs stay there.
     pub(crate) fn drain_own(&mut self) -> VecDeque<RecvWqe> {
         match self {
             RecvQueue::Own(q) => std::mem::take(q),
-            RecvQueue::Shared(_) => VecDeque::new(),
+            RecvQueue::Shared(_, held) => held.take().into_iter().collect(),
         }
     }
 
     /// Whether the QP takes its WRs from an SRQ.
     pub(crate) fn is_shared(&self) -> bool {
-        matches!(self, RecvQueue::Shared(_))
+        matches!(self, RecvQueue::Shared(..))
     }
 }

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rverbs_wire::icrc::{self, Ipv4Header, ROCE_V2_PORT};
-use rverbs_wire::{PacketRepr, Psn, RnrTimer};
+use rverbs_wire::{Opcode, Operation, PacketRepr, Psn, RnrTimer, Transport};
 
 use super::rc::{AckPolicy, RcConfig, RcQp};
+use super::recv::SharedRq;
 use smallvec::smallvec;
 
 use super::{InlineData, Memory, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
@@ -117,10 +118,14 @@ struct Sim {
     now: Instant,
     icrc_drops: u64,
     delivered: u64,
+    /// The BTH opcode of every packet each side transmitted, before the
+    /// link's faults (lost ones too).
+    tx_opcodes: [Vec<u8>; 2],
 }
 
 fn config(qpn: u32, dest: u32) -> RcConfig {
     RcConfig {
+        transport: rverbs_wire::Transport::Rc,
         max_window: super::rc::WINDOW,
         qpn,
         dest_qpn: dest,
@@ -207,6 +212,7 @@ impl Sim {
             now: start,
             icrc_drops: 0,
             delivered: 0,
+            tx_opcodes: [Vec::new(), Vec::new()],
         }
     }
 
@@ -227,6 +233,7 @@ impl Sim {
     fn transmit(&mut self, from: usize, mut bytes: Vec<u8>) {
         let (ip, udp) = self.headers(from, bytes.len());
         icrc::fill(&ip, &udp, &mut bytes).unwrap();
+        self.tx_opcodes[from].push(bytes[0]);
         let f = self.faults[from];
         if self.mute[from] || self.rng.chance(f.loss) {
             return;
@@ -276,6 +283,7 @@ impl Sim {
                     QpEvent::SendCompletion(wc) => side.sends.push(wc),
                     QpEvent::RecvCompletion(wc, se) => side.recvs.push((wc, se)),
                     QpEvent::Async(a) => side.events.push(a),
+                    QpEvent::SrqLimitReached => side.events.push(AsyncEventType::SrqLimitReached),
                 }
             }
         }
@@ -1335,5 +1343,813 @@ fn a_nak_fails_the_wr_it_names_and_flushes_an_unanswered_read_before_it() {
     assert_eq!(
         got,
         vec![(1, WcStatus::WrFlushErr), (2, WcStatus::RemAccessErr)]
+    );
+}
+
+// ---- UC, and receive WRs from shared receive queues ------------------------
+
+/// The QP numbers of the two sides in every [`Sim`].
+const QPN: [u32; 2] = [0x11, 0x22];
+
+fn uc_config(qpn: u32, dest: u32) -> RcConfig {
+    RcConfig {
+        transport: Transport::Uc,
+        ..config(qpn, dest)
+    }
+}
+
+impl Sim {
+    /// Two UC QPs.
+    fn uc(seed: u64, faults: LinkFaults) -> Sim {
+        Sim::with_configs(
+            seed,
+            faults,
+            uc_config(QPN[0], QPN[1]),
+            uc_config(QPN[1], QPN[0]),
+        )
+    }
+
+    /// Rebuilds side `i`'s QP, with the same configuration and in RTS, to
+    /// take its receive WRs from `srq`.
+    fn use_srq(&mut self, i: usize, srq: &SharedRq) {
+        let side = &mut self.sides[i];
+        let cfg = side.qp.config_mut().clone();
+        let mut qp = RcQp::with_srq(cfg.clone(), Some(srq.clone()));
+        qp.enter_rtr(cfg.clone());
+        qp.enter_rts(cfg);
+        side.qp = qp;
+    }
+
+    /// Every packet side `from` has to send now, taken off it instead of
+    /// going on the link.
+    fn take_packets(&mut self, from: usize) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; MTU as usize + 128];
+        let mut out = Vec::new();
+        let side = &mut self.sides[from];
+        while let Some(n) = side.qp.poll_transmit(
+            self.now,
+            &side.mem,
+            &mut TxBuffer::copying(&mut buf),
+            AckPolicy::Now,
+        ) {
+            out.push(buf[..n].to_vec());
+        }
+        self.drain_events();
+        out
+    }
+
+    /// Hands `pkt` straight to side `to`, as if it arrived intact.
+    fn hand_over(&mut self, to: usize, pkt: &[u8]) {
+        let p = PacketRepr::parse(pkt).expect("a packet the QP built parses");
+        let side = &mut self.sides[to];
+        side.qp.handle_packet(&p, self.now, &side.mem);
+        self.drain_events();
+    }
+}
+
+/// Whether `op` is a UC SEND or RDMA WRITE opcode: anything else from a UC
+/// QP — an ACK or NAK above all — is wrong.
+fn is_uc_request(op: u8) -> bool {
+    Opcode(op).info().is_some_and(|i| {
+        i.transport == Transport::Uc
+            && matches!(i.operation, Operation::Send | Operation::RdmaWrite)
+    })
+}
+
+/// Each side's 2 MiB MR in the stream tests, in 4 KiB slots: message
+/// sources (slot = message index), RDMA WRITE targets (slot = message
+/// index) and receive buffers (slot = receive WR index).
+const SLOT: u64 = 4096;
+const SRC_AREA: u64 = 0;
+const DST_AREA: u64 = 512 << 10;
+const RECV_AREA: u64 = 1 << 20;
+
+/// A 2 MiB MR on each side, laid out as above.
+fn stream_mrs(sim: &Sim) -> [(u32, u64); 2] {
+    [0, 1].map(|i| register(&sim.sides[i].mem, 2 << 20, all_access()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send { imm: Option<u32> },
+    WriteImm { imm: u32 },
+    Write,
+}
+
+#[derive(Debug)]
+struct Msg {
+    kind: Kind,
+    data: Vec<u8>,
+    solicited: bool,
+}
+
+/// Messages from side `from` to the other, and the receive WRs posted
+/// there for them: the k-th posted has wr_id 1000 + k and receive buffer
+/// slot k. Receive WRs are taken in the order posted (a WR UC took for a
+/// message it then dropped goes back to the head), so the k-th receive
+/// completion must be WR 1000 + k.
+struct Stream {
+    from: usize,
+    mrs: [(u32, u64); 2],
+    /// Where the receiving side's WRs go (its own queue if `None`).
+    srq: Option<SharedRq>,
+    msgs: Vec<Msg>,
+    recvs_posted: u64,
+}
+
+impl Stream {
+    fn new(from: usize, mrs: [(u32, u64); 2], srq: Option<SharedRq>) -> Stream {
+        Stream {
+            from,
+            mrs,
+            srq,
+            msgs: Vec::new(),
+            recvs_posted: 0,
+        }
+    }
+
+    fn to(&self) -> usize {
+        1 - self.from
+    }
+
+    /// How many of the messages from `first` on take a receive WR.
+    fn takes_recv(&self, first: usize) -> usize {
+        self.msgs[first..]
+            .iter()
+            .filter(|m| m.kind != Kind::Write)
+            .count()
+    }
+
+    /// Posts `n` more receive WRs at the receiving side (to its SRQ if any).
+    fn post_recvs(&mut self, sim: &mut Sim, n: usize) {
+        let to = self.to();
+        let (key, base) = self.mrs[to];
+        for _ in 0..n {
+            let k = self.recvs_posted;
+            assert!(k < 256, "out of receive buffer slots");
+            let wqe = recv_wqe(1000 + k, key, base + RECV_AREA + k * SLOT, SLOT as u32);
+            match &self.srq {
+                Some(srq) => srq.lock().wqes.push_back(wqe),
+                None => sim.sides[to].qp.post_recv(wqe),
+            }
+            self.recvs_posted += 1;
+        }
+    }
+
+    /// Posts message `kind` of `len` bytes (wr_id = its index; tiny ones inline).
+    fn post(&mut self, sim: &mut Sim, kind: Kind, len: usize) {
+        let i = self.msgs.len();
+        assert!(i < 128 && len as u64 <= SLOT, "out of message slots");
+        let (key, base) = self.mrs[self.from];
+        let (rkey, rbase) = self.mrs[self.to()];
+        let data = message(i + 128 * self.from, len);
+        let src = base + SRC_AREA + i as u64 * SLOT;
+        sim.sides[self.from].mem.write_for_test(key, src, &data);
+        let remote_addr = rbase + DST_AREA + i as u64 * SLOT;
+        let op = match kind {
+            Kind::Send { imm: None } => WrOpcode::Send,
+            Kind::Send { imm: Some(imm) } => WrOpcode::SendWithImm { imm },
+            Kind::WriteImm { imm } => WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            Kind::Write => WrOpcode::RdmaWrite { remote_addr, rkey },
+        };
+        let mut wqe = if len <= 7 {
+            inline_wqe(i as u64, op, &data)
+        } else {
+            send_wqe(i as u64, op, key, src, len as u32)
+        };
+        let solicited = i % 3 == 0;
+        wqe.solicited = solicited;
+        sim.sides[self.from].qp.post_send(wqe);
+        self.msgs.push(Msg {
+            kind,
+            data,
+            solicited,
+        });
+    }
+
+    /// Posts `n` messages of random kinds and sizes, some of several packets.
+    fn post_random(&mut self, sim: &mut Sim, rng: &mut Rng, n: usize) {
+        for _ in 0..n {
+            let i = self.msgs.len() as u32;
+            let len = [0usize, 1, 7, 1023, 1024, 1025, 2048, 3000, 4096][rng.below(9) as usize];
+            let imm = 0x5a00_0000 | (self.from as u32) << 16 | i;
+            let kind = match rng.below(5) {
+                0 | 1 => Kind::Send { imm: None },
+                2 => Kind::Send { imm: Some(imm) },
+                3 => Kind::WriteImm { imm },
+                _ => Kind::Write,
+            };
+            self.post(sim, kind, len);
+        }
+    }
+
+    /// Checks what messages `first_msg..` left at the receiving side,
+    /// against its receive completions from `first_recv` on, and returns
+    /// the indices of the messages that arrived:
+    /// - every send WR of the stream completed successfully, once, in order;
+    /// - each receive completion is one whole message sent (byte_len, imm,
+    ///   opcode, solicited bit and every byte equal), later than the one
+    ///   before it: never partial, spliced, duplicated or out of order;
+    /// - `exact`: every message that takes a receive WR arrived, and every
+    ///   plain RDMA WRITE's bytes are in place.
+    fn check(
+        &self,
+        sim: &Sim,
+        first_msg: usize,
+        first_recv: usize,
+        exact: bool,
+        what: &str,
+    ) -> Vec<usize> {
+        let (from, to) = (&sim.sides[self.from], &sim.sides[self.to()]);
+        let sends: Vec<(u64, WcStatus, WcOpcode)> = from
+            .sends
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode))
+            .collect();
+        let want: Vec<(u64, WcStatus, WcOpcode)> = self
+            .msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let op = match m.kind {
+                    Kind::Send { .. } => WcOpcode::Send,
+                    _ => WcOpcode::RdmaWrite,
+                };
+                (i as u64, WcStatus::Success, op)
+            })
+            .collect();
+        assert_eq!(sends, want, "{what}: send completions");
+        let (rkey, rbase) = self.mrs[self.to()];
+        let read = |addr: u64, len: usize| {
+            let mut v = vec![0u8; len];
+            to.mem.read_for_test(rkey, addr, &mut v);
+            v
+        };
+        let mut next = first_msg;
+        let mut arrived = Vec::new();
+        for (k, (wc, se)) in to.recvs.iter().enumerate().skip(first_recv) {
+            assert_eq!(wc.status, WcStatus::Success, "{what}: receive {k}: {wc:?}");
+            assert_eq!(
+                wc.wr_id,
+                1000 + k as u64,
+                "{what}: receive WRs are taken in the order posted"
+            );
+            assert_eq!(
+                (wc.qp_num, wc.src_qp),
+                (QPN[self.to()], QPN[self.from]),
+                "{what}: receive {k}"
+            );
+            let buf = rbase + RECV_AREA + k as u64 * SLOT;
+            let is = |i: usize| {
+                let m = &self.msgs[i];
+                if m.data.len() != wc.byte_len as usize || m.solicited != *se {
+                    return false;
+                }
+                match m.kind {
+                    Kind::Write => false,
+                    Kind::Send { imm } => {
+                        wc.opcode == WcOpcode::Recv
+                            && wc.imm() == imm
+                            && read(buf, m.data.len()) == m.data
+                    }
+                    Kind::WriteImm { imm } => {
+                        let dst = rbase + DST_AREA + i as u64 * SLOT;
+                        wc.opcode == WcOpcode::RecvRdmaWithImm
+                            && wc.imm() == Some(imm)
+                            && read(dst, m.data.len()) == m.data
+                    }
+                }
+            };
+            let mut candidates =
+                (next..self.msgs.len()).filter(|&i| self.msgs[i].kind != Kind::Write);
+            let found = if exact {
+                candidates.next().filter(|&i| is(i))
+            } else {
+                candidates.find(|&i| is(i))
+            };
+            let Some(i) = found else {
+                panic!(
+                    "{what}: receive {k} ({wc:?}) is no whole message sent from message \
+                     {next} on (partial, spliced, duplicated or out of order)"
+                )
+            };
+            arrived.push(i);
+            next = i + 1;
+        }
+        if exact {
+            assert_eq!(
+                arrived.len(),
+                self.takes_recv(first_msg),
+                "{what}: every message arrived"
+            );
+            for (i, m) in self.msgs.iter().enumerate().skip(first_msg) {
+                if m.kind == Kind::Write {
+                    let dst = rbase + DST_AREA + i as u64 * SLOT;
+                    assert!(read(dst, m.data.len()) == m.data, "{what}: RDMA WRITE {i}");
+                }
+            }
+        }
+        arrived
+    }
+}
+
+/// Receive WRs side `i` holds: its own queue, the message in progress,
+/// and its SRQ's.
+fn recvs_queued(sim: &Sim, i: usize, srq: Option<&SharedRq>) -> usize {
+    sim.sides[i].qp.rq_len() + srq.map_or(0, |s| s.lock().wqes.len())
+}
+
+/// What one [`uc_traffic`] run saw of its lossy part.
+#[derive(Default)]
+struct UcTally {
+    /// Messages that needed a receive WR.
+    sent: usize,
+    arrived: usize,
+    /// Of them, messages of several packets.
+    long_arrived: usize,
+}
+
+/// UC both ways under `faults` (each side on a SharedRq if `srq`, with an
+/// armed limit), then more traffic on a clean link, which must all arrive
+/// whatever the lossy part left half done. Checks the UC contract with
+/// [`Stream::check`], that no side ever sent anything but UC requests,
+/// that receive WRs are never lost (completed + still queued = posted),
+/// and that an SRQ limit fires at most once, exactly when the SRQ fell
+/// below it.
+fn uc_traffic(seed: u64, faults: LinkFaults, srq: bool) -> UcTally {
+    let mut sim = Sim::uc(seed, faults);
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let mrs = stream_mrs(&sim);
+    // srqs[i] is side i's.
+    let srqs = [SharedRq::new(256, 0), SharedRq::new(256, 0)];
+    if srq {
+        sim.use_srq(0, &srqs[0]);
+        sim.use_srq(1, &srqs[1]);
+    }
+    let mut streams =
+        [0, 1].map(|from| Stream::new(from, mrs, srq.then(|| srqs[1 - from].clone())));
+    let mut limits = [0u32; 2];
+    for (s, n) in streams.iter_mut().zip([40, 24]) {
+        s.post_random(&mut sim, &mut rng, n);
+        let need = s.takes_recv(0);
+        s.post_recvs(&mut sim, need + 2);
+        if let Some(q) = &s.srq {
+            // Fires once six WRs were taken.
+            let limit = (need + 2).saturating_sub(5) as u32;
+            q.lock().limit = limit;
+            limits[s.to()] = limit;
+        }
+    }
+    sim.run(Duration::from_secs(60));
+    let exact = faults.loss == 0.0 && faults.reorder == 0.0 && faults.corrupt == 0.0;
+    let mut tally = UcTally::default();
+    let mut firsts = [(0, 0); 2];
+    for (n, s) in streams.iter_mut().enumerate() {
+        let what = format!("seed {seed} stream {n} ({faults:?}, srq {srq})");
+        let arrived = s.check(&sim, 0, 0, exact, &what);
+        tally.sent += s.takes_recv(0);
+        tally.arrived += arrived.len();
+        tally.long_arrived += arrived
+            .iter()
+            .filter(|&&i| s.msgs[i].data.len() > MTU as usize)
+            .count();
+        firsts[n] = (s.msgs.len(), sim.sides[s.to()].recvs.len());
+    }
+    // A clean link: the next messages all arrive.
+    sim.faults = [LinkFaults::CLEAN; 2];
+    for s in &mut streams {
+        let first = s.msgs.len();
+        s.post_random(&mut sim, &mut rng, 16);
+        let need = s.takes_recv(first);
+        s.post_recvs(&mut sim, need);
+    }
+    sim.run(Duration::from_secs(120));
+    for (n, s) in streams.iter().enumerate() {
+        let what = format!("seed {seed} stream {n} (clean after {faults:?}, srq {srq})");
+        let (first_msg, first_recv) = firsts[n];
+        s.check(&sim, first_msg, first_recv, true, &what);
+        let to = s.to();
+        assert_eq!(
+            sim.sides[to].recvs.len() + recvs_queued(&sim, to, s.srq.as_ref()),
+            s.recvs_posted as usize,
+            "{what}: receive WRs completed + still queued = posted"
+        );
+    }
+    for i in 0..2 {
+        let what = format!("seed {seed} side {i} ({faults:?}, srq {srq})");
+        assert_eq!(sim.sides[i].qp.state(), QpState::Rts, "{what}");
+        assert!(!sim.tx_opcodes[i].is_empty(), "{what}");
+        let bad: Vec<Opcode> = sim.tx_opcodes[i]
+            .iter()
+            .filter(|&&op| !is_uc_request(op))
+            .map(|&op| Opcode(op))
+            .collect();
+        assert!(bad.is_empty(), "{what}: a UC QP sent {bad:?}");
+        let events = &sim.sides[i].events;
+        if !srq {
+            assert!(events.is_empty(), "{what}: {events:?}");
+            continue;
+        }
+        assert!(
+            events.len() <= 1 && events.iter().all(|e| *e == AsyncEventType::SrqLimitReached),
+            "{what}: {events:?}"
+        );
+        let fired = events.len() == 1;
+        let q = srqs[i].lock();
+        assert_eq!(q.limit == 0, fired, "{what}: a fired limit reads 0");
+        if q.wqes.len() < limits[i] as usize {
+            assert!(fired, "{what}: the SRQ fell below its limit");
+        }
+    }
+    tally
+}
+
+#[test]
+fn uc_under_loss_delivers_whole_messages_in_order_or_not_at_all() {
+    // RVERBS_SIM_SEEDS runs more seeds (the CI run takes the default).
+    let seeds: u64 = std::env::var("RVERBS_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150);
+    let mut total = UcTally::default();
+    for seed in 0..seeds {
+        let faults = LinkFaults {
+            loss: (seed % 5) as f64 * 0.05, // 0 … 20 %
+            duplicate: 0.05,
+            reorder: 0.1,
+            corrupt: 0.02,
+        };
+        let t = uc_traffic(seed, faults, seed % 2 == 1);
+        total.sent += t.sent;
+        total.arrived += t.arrived;
+        total.long_arrived += t.long_arrived;
+    }
+    // The faults really cost messages, and most still made it.
+    assert!(
+        total.arrived < total.sent,
+        "{} of {} arrived",
+        total.arrived,
+        total.sent
+    );
+    assert!(
+        total.arrived * 2 > total.sent,
+        "{} of {} arrived",
+        total.arrived,
+        total.sent
+    );
+    assert!(total.long_arrived > 0);
+}
+
+#[test]
+fn uc_on_a_clean_link_delivers_everything() {
+    for seed in 0..8 {
+        let faults = LinkFaults {
+            duplicate: if seed % 4 < 2 { 0.0 } else { 0.2 },
+            ..LinkFaults::CLEAN
+        };
+        let t = uc_traffic(seed, faults, seed % 2 == 1);
+        assert_eq!(t.arrived, t.sent, "seed {seed}");
+    }
+}
+
+#[test]
+fn uc_never_splices_or_repeats_messages_whatever_packets_arrive() {
+    // Messages of 3, 3 and 1 packets: packets 0 1 2 | 3 4 5 | 6.
+    #[rustfmt::skip]
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[0, 1, 2, 3, 4, 5, 6], &[0, 1, 2]),
+        (&[0, 1, 3, 4, 5, 6], &[1, 2]),       // message 0's last packet lost
+        (&[0, 2, 3, 4, 5, 6], &[1, 2]),       // its middle packet lost
+        (&[0, 1, 2, 4, 5, 6], &[0, 2]),       // message 1's first packet lost
+        (&[0, 2, 1, 3, 4, 5, 6], &[1, 2]),    // reordered within message 0
+        (&[0, 1, 3, 2, 4, 5, 6], &[1, 2]),    // message 0's tail overtaken
+        (&[0, 1, 4, 5, 6], &[2]),             // 0's head, then 1's tail
+        (&[0, 1, 5, 6], &[2]),
+        (&[3, 4, 5, 0, 1, 2, 6], &[1, 2]),    // message 1 overtakes message 0
+        (&[0, 1, 2, 6, 3, 4, 5], &[0, 2]),    // message 2 overtakes message 1
+        (&[0, 0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6], &[0, 1, 2]), // duplicates
+        (&[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6], &[0, 1, 2]), // replayed
+        (&[0, 1, 2, 3, 4, 5, 6, 3, 4, 5], &[0, 1, 2]),
+        (&[], &[]),
+    ];
+    for middle in [Kind::Send { imm: Some(7) }, Kind::WriteImm { imm: 7 }] {
+        for (arrive, want) in cases {
+            let what = format!("{middle:?}, packets {arrive:?}");
+            let mut sim = Sim::uc(1, LinkFaults::CLEAN);
+            let mrs = stream_mrs(&sim);
+            let mut s = Stream::new(0, mrs, None);
+            s.post(&mut sim, Kind::Send { imm: None }, 3000);
+            s.post(&mut sim, middle, 2100);
+            s.post(&mut sim, Kind::Send { imm: None }, 10);
+            s.post_recvs(&mut sim, 3);
+            let pkts = sim.take_packets(0);
+            assert_eq!(pkts.len(), 7);
+            assert!(pkts.iter().all(|p| is_uc_request(p[0])), "{what}");
+            for &p in *arrive {
+                sim.hand_over(1, &pkts[p]);
+            }
+            assert_eq!(s.check(&sim, 0, 0, false, &what), *want, "{what}");
+            assert!(
+                sim.take_packets(1).is_empty(),
+                "{what}: the UC responder sent something (an ACK or NAK?)"
+            );
+            assert_eq!(sim.sides[1].qp.state(), QpState::Rts, "{what}");
+            assert!(sim.sides[1].events.is_empty(), "{what}");
+            assert_eq!(
+                sim.sides[1].recvs.len() + sim.sides[1].qp.rq_len(),
+                3,
+                "{what}: receive WRs completed + still queued = posted"
+            );
+        }
+    }
+}
+
+#[test]
+fn uc_errors_drop_the_message_and_the_qp_carries_on() {
+    let mut sim = Sim::uc(2, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 8192, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 16384, all_access());
+    sim.sides[0]
+        .mem
+        .write_for_test(a_key, a_base, &message(1, 8192));
+    // One 4 KiB receive WR.
+    sim.sides[1]
+        .qp
+        .post_recv(recv_wqe(1000, b_key, b_base, 4096));
+    let posts = [
+        // A bad rkey.
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr: b_base + 8192,
+            rkey: b_key ^ 0x100,
+            imm: 1,
+        },
+        // Past the end of B's MR.
+        WrOpcode::RdmaWrite {
+            remote_addr: b_base + 16384 - 50,
+            rkey: b_key,
+        },
+        // 5000 bytes: too long for the receive WR.
+        WrOpcode::Send,
+        // Lands in receive WR 1000.
+        WrOpcode::SendWithImm { imm: 4 },
+        // No receive WR left: dropped silently (UC has no RNR).
+        WrOpcode::Send,
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr: b_base + 12288,
+            rkey: b_key,
+            imm: 5,
+        },
+    ];
+    for (i, op) in posts.into_iter().enumerate() {
+        let len = [100, 100, 5000, 50, 30, 64][i];
+        sim.sides[0]
+            .qp
+            .post_send(send_wqe(i as u64, op, a_key, a_base, len));
+    }
+    sim.run(Duration::from_secs(5));
+    let sends: Vec<(u64, WcStatus)> = sim.sides[0]
+        .sends
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        sends,
+        (0..6).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>(),
+        "a UC send WR completes once sent"
+    );
+    let recvs: Vec<(u64, WcStatus, u32, Option<u32>)> = sim.sides[1]
+        .recvs
+        .iter()
+        .map(|(w, _)| (w.wr_id, w.status, w.byte_len, w.imm()))
+        .collect();
+    assert_eq!(recvs, vec![(1000, WcStatus::Success, 50, Some(4))]);
+    let mut got = vec![0u8; 50];
+    sim.sides[1].mem.read_for_test(b_key, b_base, &mut got);
+    assert_eq!(got, message(1, 50));
+    let mut untouched = vec![0u8; 100];
+    sim.sides[1]
+        .mem
+        .read_for_test(b_key, b_base + 8192, &mut untouched);
+    assert!(
+        untouched.iter().all(|&b| b == 0),
+        "the bad-rkey WRITE wrote"
+    );
+    for i in 0..2 {
+        assert_eq!(sim.sides[i].qp.state(), QpState::Rts, "side {i}");
+        assert!(
+            sim.sides[i].events.is_empty(),
+            "side {i}: {:?}",
+            sim.sides[i].events
+        );
+    }
+    assert!(
+        sim.tx_opcodes[1].is_empty(),
+        "the UC responder sent packets"
+    );
+    // It carries on once a receive WR is there.
+    sim.sides[1]
+        .qp
+        .post_recv(recv_wqe(1001, b_key, b_base + 4096, 4096));
+    sim.sides[0]
+        .qp
+        .post_send(inline_wqe(6, WrOpcode::SendWithImm { imm: 6 }, b"again"));
+    sim.run(Duration::from_secs(10));
+    let last = sim.sides[1]
+        .recvs
+        .last()
+        .map(|(w, _)| (w.wr_id, w.byte_len, w.imm()));
+    assert_eq!(last, Some((1001, 5, Some(6))));
+    assert_eq!(sim.sides[1].recvs.len(), 2);
+}
+
+#[test]
+fn rc_on_shared_receive_queues_delivers_exactly_once_and_fires_the_limit_once() {
+    for seed in 0..20 {
+        let faults = LinkFaults {
+            loss: (seed % 3) as f64 * 0.05,
+            duplicate: 0.05,
+            reorder: 0.1,
+            corrupt: 0.02,
+        };
+        let mut sim = Sim::new(seed, faults);
+        let mut rng = Rng::new(seed ^ 0x7777);
+        let srqs = [SharedRq::new(128, 0), SharedRq::new(128, 0)];
+        sim.use_srq(0, &srqs[0]);
+        sim.use_srq(1, &srqs[1]);
+        let mrs = stream_mrs(&sim);
+        let mut streams = [0, 1].map(|from| Stream::new(from, mrs, Some(srqs[1 - from].clone())));
+        for s in &mut streams {
+            s.post_random(&mut sim, &mut rng, 40);
+            let need = s.takes_recv(0);
+            s.post_recvs(&mut sim, need + 10);
+        }
+        // Ten WRs are left at the end: B's limit of 15 is crossed, A's of 5 not.
+        srqs[1].lock().limit = 15;
+        srqs[0].lock().limit = 5;
+        sim.run(Duration::from_secs(600));
+        for (n, s) in streams.iter().enumerate() {
+            s.check(&sim, 0, 0, true, &format!("seed {seed} stream {n}"));
+        }
+        for (i, q) in srqs.iter().enumerate() {
+            assert_eq!(q.lock().wqes.len(), 10, "seed {seed} side {i}");
+            assert_eq!(
+                sim.sides[i].qp.state(),
+                QpState::Rts,
+                "seed {seed} side {i}"
+            );
+        }
+        assert_eq!(
+            sim.sides[1].events,
+            vec![AsyncEventType::SrqLimitReached],
+            "seed {seed}"
+        );
+        assert_eq!(srqs[1].lock().limit, 0, "seed {seed}: the limit disarmed");
+        assert_eq!(sim.sides[0].events, vec![], "seed {seed}");
+        assert_eq!(srqs[0].lock().limit, 5, "seed {seed}: still armed");
+        // B goes to ERR: LAST_WQE_REACHED, and its SRQ keeps its WRs.
+        let received = sim.sides[1].recvs.len();
+        sim.sides[1].qp.enter_error();
+        sim.drain_events();
+        assert_eq!(
+            sim.sides[1].events,
+            vec![
+                AsyncEventType::SrqLimitReached,
+                AsyncEventType::QpLastWqeReached
+            ],
+            "seed {seed}"
+        );
+        assert_eq!(sim.sides[1].recvs.len(), received, "seed {seed}: no flush");
+        assert_eq!(srqs[1].lock().wqes.len(), 10, "seed {seed}");
+    }
+}
+
+#[test]
+fn rc_on_an_empty_srq_waits_out_rnr_until_a_wr_is_posted() {
+    let mut sim = Sim::new(12, LinkFaults::CLEAN);
+    let srq = SharedRq::new(16, 0);
+    sim.use_srq(1, &srq);
+    let mrs = stream_mrs(&sim);
+    let mut s = Stream::new(0, mrs, Some(srq.clone()));
+    s.post(&mut sim, Kind::Send { imm: None }, 100);
+    s.post(&mut sim, Kind::Send { imm: Some(9) }, 2000);
+    s.post(&mut sim, Kind::WriteImm { imm: 10 }, 300);
+    let stop = sim.now + Duration::from_millis(2);
+    sim.run_until(stop);
+    sim.now = sim.now.max(stop);
+    assert!(sim.sides[0].sends.is_empty(), "{:?}", sim.sides[0].sends);
+    assert!(sim.sides[1].recvs.is_empty());
+    assert!(sim.sides[1].qp.counters.rnr_naks_sent > 0);
+    s.post_recvs(&mut sim, 3);
+    sim.run(Duration::from_secs(60));
+    s.check(&sim, 0, 0, true, "after RNR");
+    assert!(srq.lock().wqes.is_empty());
+    assert!(sim.sides[1].events.is_empty(), "{:?}", sim.sides[1].events);
+}
+
+#[test]
+fn an_rc_qp_on_an_srq_in_err_flushes_only_the_wr_it_took() {
+    let mut sim = Sim::new(13, LinkFaults::CLEAN);
+    let srq = SharedRq::new(16, 0);
+    sim.use_srq(1, &srq);
+    let mrs = stream_mrs(&sim);
+    let mut s = Stream::new(0, mrs, Some(srq.clone()));
+    s.post(&mut sim, Kind::Send { imm: None }, 3000);
+    s.post_recvs(&mut sim, 3);
+    let pkts = sim.take_packets(0);
+    assert_eq!(pkts.len(), 3);
+    // B takes WR 1000 for the message, whose rest never comes.
+    sim.hand_over(1, &pkts[0]);
+    assert_eq!(srq.lock().wqes.len(), 2);
+    sim.sides[1].qp.enter_error();
+    sim.drain_events();
+    let recvs: Vec<(u64, WcStatus)> = sim.sides[1]
+        .recvs
+        .iter()
+        .map(|(w, _)| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(recvs, vec![(1000, WcStatus::WrFlushErr)]);
+    assert_eq!(sim.sides[1].events, vec![AsyncEventType::QpLastWqeReached]);
+    let left: Vec<u64> = srq.lock().wqes.iter().map(|w| w.wr_id).collect();
+    assert_eq!(left, vec![1001, 1002], "the SRQ's WRs stay with it");
+    // Nothing more on a second move to ERR.
+    sim.sides[1].qp.enter_error();
+    sim.drain_events();
+    assert_eq!(sim.sides[1].events.len(), 1);
+    assert_eq!(sim.sides[1].recvs.len(), 1);
+}
+
+/// `pkt` with its BTH PSN moved back by `by`.
+fn psn_earlier(pkt: &[u8], by: u32) -> Vec<u8> {
+    let mut p = pkt.to_vec();
+    let psn = u32::from_be_bytes([0, p[9], p[10], p[11]]);
+    let psn = Psn::new(psn).sub(by).value();
+    p[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+    p
+}
+
+#[test]
+fn uc_a_message_cut_short_by_the_next_one_gives_its_wr_to_that_one() {
+    // No PSN is missing, but message 1 starts where message 0's last packet
+    // belongs (a sender that abandoned message 0): message 0 is dropped and
+    // its receive WR taken by message 1.
+    let mut sim = Sim::uc(3, LinkFaults::CLEAN);
+    let mrs = stream_mrs(&sim);
+    let mut s = Stream::new(0, mrs, None);
+    s.post(&mut sim, Kind::Send { imm: None }, 3000);
+    s.post(&mut sim, Kind::Send { imm: Some(1) }, 2100);
+    s.post(&mut sim, Kind::Send { imm: None }, 10);
+    s.post_recvs(&mut sim, 3);
+    let pkts = sim.take_packets(0);
+    assert_eq!(pkts.len(), 7);
+    sim.hand_over(1, &pkts[0]);
+    sim.hand_over(1, &pkts[1]);
+    for p in &pkts[3..] {
+        sim.hand_over(1, &psn_earlier(p, 1));
+    }
+    assert_eq!(s.check(&sim, 0, 0, false, "cut short"), vec![1, 2]);
+    assert_eq!(sim.sides[1].recvs.len() + sim.sides[1].qp.rq_len(), 3);
+    assert_eq!(sim.sides[1].qp.state(), QpState::Rts);
+}
+
+#[test]
+fn uc_keeps_an_abandoned_srq_wr_and_the_srq_stays_within_max_wr() {
+    // A UC QP on an SRQ takes a receive WR at a message's first packet, and
+    // the application may refill the SRQ meanwhile. When the message then
+    // loses a packet, the QP keeps the WR for its next message instead of
+    // pushing it back into the SRQ, which would then hold max_wr + 1 WRs.
+    let mut sim = Sim::uc(4, LinkFaults::CLEAN);
+    let srq = SharedRq::new(2, 0);
+    sim.use_srq(1, &srq);
+    let mrs = stream_mrs(&sim);
+    let mut s = Stream::new(0, mrs, Some(srq.clone()));
+    s.post(&mut sim, Kind::Send { imm: None }, 3000);
+    s.post(&mut sim, Kind::Send { imm: None }, 10);
+    s.post_recvs(&mut sim, 2);
+    let pkts = sim.take_packets(0);
+    assert_eq!(pkts.len(), 4);
+    sim.hand_over(1, &pkts[0]); // WR 1000 taken for message 0
+                                // What post_srq_recv checks before it queues a WR.
+    let (key, base) = mrs[1];
+    let posted = {
+        let mut q = srq.lock();
+        let room = q.wqes.len() < q.max_wr as usize;
+        if room {
+            q.wqes.push_back(recv_wqe(1002, key, base + RECV_AREA, 64));
+        }
+        room
+    };
+    // Message 0 loses its middle packet: dropped, WR 1000 put back.
+    sim.hand_over(1, &pkts[2]);
+    let q = srq.lock();
+    assert!(
+        q.wqes.len() <= q.max_wr as usize,
+        "the SRQ holds {} WRs, max_wr {} (the post of a third WR was {})",
+        q.wqes.len(),
+        q.max_wr,
+        if posted { "accepted" } else { "refused" }
     );
 }
