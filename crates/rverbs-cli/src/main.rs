@@ -1,6 +1,7 @@
 //! `rverbs`: the command-line face of rverbs — list and inspect the software
-//! RoCE devices, decode captures (bench, pingpong and run arrive with the
-//! transport and the C ABI).
+//! RoCE devices, measure them against TCP and UDP (`bench`), ping-pong over
+//! RC, UC, UD and SRQs (`pingpong`), decode captures (`run` arrives with the
+//! C ABI).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -27,6 +28,9 @@ enum Command {
     Decode(cmd::decode::DecodeArgs),
     /// Measure RDMA WRITE/READ/SEND bandwidth and latency against TCP and UDP.
     Bench(cmd::bench::BenchArgs),
+    /// Ping-pong SENDs between a server and a client over RC, UC or UD QPs,
+    /// optionally on an SRQ (like ibv_rc/uc/ud/srq_pingpong).
+    Pingpong(cmd::pingpong::PingpongArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
         Command::Devices => cmd::devinfo::devices(&mut out),
         Command::Devinfo(args) => cmd::devinfo::devinfo(&args, &mut out),
         Command::Bench(args) => cmd::bench::bench(&args, &mut out).map(|_| ()),
+        Command::Pingpong(args) => cmd::pingpong::pingpong(&args, &mut out).map(|_| ()),
         Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
             let _ = out.flush();
             eprintln!(

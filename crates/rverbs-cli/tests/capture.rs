@@ -1,9 +1,10 @@
-//! On the wire, end to end: real RC traffic between two rverbs processes
-//! (`rverbs bench`: RDMA WRITE, READ and SEND, ACKs, UDP GSO batches),
-//! captured on lo with tcpdump, must pass `rverbs decode --strict` — every
-//! packet well formed, every ICRC right, GSO batches split into their
-//! segments — and scapy's RoCE layer and tshark's dissector must agree with
-//! the decoder packet by packet.
+//! On the wire, end to end: real traffic between two rverbs processes —
+//! RC from `rverbs bench` (RDMA WRITE, READ and SEND, ACKs, UDP GSO
+//! batches), UD and UC SENDs from short `rverbs pingpong` runs — captured
+//! on lo with tcpdump, must pass `rverbs decode --strict` — every packet
+//! well formed, every ICRC right, GSO batches split into their segments —
+//! and scapy's RoCE layer and tshark's dissector must agree with the
+//! decoder packet by packet (tshark on the DETH of UD packets too).
 //!
 //! Needs root and tcpdump, python3-scapy and tshark (scripts/test installs
 //! them); without them the test is skipped, unless `CI` is set: then it
@@ -16,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use rverbs_wire::Opcode;
+use rverbs_wire::{Opcode, Transport};
 
 mod common;
-use common::{have, have_scapy, have_tool, is_root, PYTHON};
+use common::{free_port, have, have_scapy, have_tool, is_root, listening, PYTHON};
 
 const RVERBS: &str = env!("CARGO_BIN_EXE_rverbs");
 
@@ -194,6 +195,63 @@ fn run_bench(dir: &Path, a: Ipv4Addr, b: Ipv4Addr) {
     );
 }
 
+/// The `rverbs pingpong` runs whose traffic joins the bench's: (options,
+/// message size, round trips). UD SENDs of 2000 bytes (UD_SEND_ONLY with
+/// a DETH), UC SENDs of 40 bytes (inline, UC_SEND_ONLY) and of 10000
+/// bytes (UC_SEND_FIRST, MIDDLE, LAST at the 4096-byte MTU).
+const PINGPONGS: [(&[&str], usize, usize); 3] = [
+    (&["--transport", "ud"], 2000, 100),
+    (&["--transport", "uc"], 40, 100),
+    (&["--transport", "uc"], 10000, 50),
+];
+
+/// Runs one `rverbs pingpong` pair of [`PINGPONGS`], server on `b`, client
+/// on `a`, with output and errors in `dir`.
+fn run_pingpong(dir: &Path, a: Ipv4Addr, b: Ipv4Addr, run: (&[&str], usize, usize)) {
+    let (options, size, iters) = run;
+    let port = free_port().to_string();
+    let (size, iters) = (size.to_string(), iters.to_string());
+    let args = [options, &["-s", &size, "-n", &iters, "-p", &port]].concat();
+    let log = |name: &str| dir.join(format!("pingpong-{name}"));
+    let side = |addr: Ipv4Addr, name: &str, host: &[&str]| Stopped {
+        child: Command::new(RVERBS)
+            .arg("pingpong")
+            .args(&args)
+            .args(host)
+            .env("RVERBS_ADDR", addr.to_string())
+            .stdout(std::fs::File::create(log(&format!("{name}.out"))).unwrap())
+            .stderr(std::fs::File::create(log(&format!("{name}.err"))).unwrap())
+            .spawn()
+            .unwrap(),
+        signal: "KILL",
+    };
+    let logs = || {
+        ["server.out", "server.err", "client.out", "client.err"]
+            .map(|n| format!("{n}: {}", read_file(&log(n))))
+            .join("\n")
+    };
+    let mut server = side(b, "server", &[]);
+    let start = Instant::now();
+    while !listening(port.parse().unwrap()) {
+        let running = server.child.try_wait().unwrap().is_none();
+        assert!(
+            running && start.elapsed() < Duration::from_secs(30),
+            "the pingpong server {args:?} did not listen: {}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut client = side(a, "client", &["127.0.0.1"]);
+    for (who, p) in [("client", &mut client), ("server", &mut server)] {
+        let status = wait_for(&mut p.child, Duration::from_secs(60));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "rverbs pingpong {args:?} {who} failed or hung ({status:?}):\n{}",
+            logs()
+        );
+    }
+}
+
 /// One line of `rverbs decode`.
 #[derive(Debug)]
 struct Packet {
@@ -210,6 +268,8 @@ struct Packet {
     ok: bool,
     /// The ICRC field, as a number (least significant byte first on the wire).
     icrc: u32,
+    /// The DETH's Q_Key and source QP (UD).
+    deth: Option<(u32, u32)>,
 }
 
 impl Packet {
@@ -255,6 +315,11 @@ fn parse(stdout: &str) -> Vec<Packet> {
         if gso.is_none() {
             frame += 1;
         }
+        let deth = f.iter().position(|&w| w == "qkey").map(|q| {
+            assert_eq!(f[q + 2], "src-qp", "{line}");
+            let hex = |s: &str| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+            (hex(f[q + 1]), hex(f[q + 3]))
+        });
         packets.push(Packet {
             frame,
             gso,
@@ -264,12 +329,19 @@ fn parse(stdout: &str) -> Vec<Packet> {
             len: f[at - 1].parse().unwrap(),
             ok: f[at + 1] == "ok",
             icrc: u32::from_str_radix(f[at + 2].trim_start_matches("0x"), 16).unwrap(),
+            deth,
         });
     }
     packets
 }
 
 /// scapy's verdicts on every packet, GSO segments included, must be ours.
+///
+/// scapy (2.5) has no DETH layer: a UD packet's DETH is payload to it.
+/// UD packets stay in the comparison all the same — opcode, QP and PSN
+/// come from the BTH, and the ICRC covers the DETH like any payload (no
+/// field of it is masked) — but their DETH fields are compared with
+/// tshark's only.
 fn check_with_scapy(dir: &Path, file: &Path, packets: &[Packet]) {
     let batches: String = packets
         .iter()
@@ -311,6 +383,7 @@ fn check_with_tshark(file: &Path, packets: &[Packet]) {
         .args(["-e", "frame.number", "-e", "infiniband.bth.opcode"])
         .args(["-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn"])
         .args(["-e", "infiniband.invariant.crc"])
+        .args(["-e", "infiniband.deth.q_key", "-e", "infiniband.deth.srcqp"])
         .stderr(Stdio::null())
         .output()
         .unwrap();
@@ -340,6 +413,11 @@ fn check_with_tshark(file: &Path, packets: &[Packet]) {
         );
         // tshark shows the four ICRC bytes as a big-endian number.
         assert_eq!(hex(f[4]).swap_bytes(), p.icrc, "frame {frame}");
+        let deth = (!f[5].is_empty()).then(|| (hex(f[5]), hex(f[6])));
+        assert_eq!(
+            deth, p.deth,
+            "tshark (left) and rverbs decode (right): DETH of frame {frame}"
+        );
         compared += 1;
     }
     assert_eq!(compared, single.len(), "tshark missed packets");
@@ -357,6 +435,9 @@ fn rverbs_traffic_captured_on_lo_is_valid_roce_v2() {
 
     let (mut tcpdump, mut tcpdump_err) = start_tcpdump(&file, a, b);
     run_bench(&dir.0, a, b);
+    for run in PINGPONGS {
+        run_pingpong(&dir.0, a, b, run);
+    }
     // Let tcpdump write what is still on its way: until the file stops growing.
     let size = || std::fs::metadata(&file).map_or(0, |m| m.len());
     let mut last = size();
@@ -427,8 +508,47 @@ fn rverbs_traffic_captured_on_lo_is_valid_roce_v2() {
         Opcode::RC_SEND_LAST,
         Opcode::RC_SEND_ONLY,
         Opcode::RC_ACKNOWLEDGE,
+        Opcode::UD_SEND_ONLY,
+        Opcode::UC_SEND_ONLY,
+        Opcode::UC_SEND_FIRST,
+        Opcode::UC_SEND_MIDDLE,
+        Opcode::UC_SEND_LAST,
     ] {
         assert!(kinds.contains(&want), "no {want} in {kinds:?}");
+    }
+    // The UD SENDs: each with a DETH naming ibv_ud_pingpong's Q_Key (which
+    // rverbs pingpong uses too) and a source QP, the whole message in one
+    // packet; no other packet has a DETH.
+    let ud: Vec<&Packet> = packets
+        .iter()
+        .filter(|p| p.opcode == Opcode::UD_SEND_ONLY)
+        .collect();
+    for p in &ud {
+        let (qkey, src_qp) = p.deth.unwrap_or_else(|| panic!("no DETH: {p:?}"));
+        assert_eq!((qkey, p.len), (0x1111_1111, PINGPONGS[0].1), "{p:?}");
+        assert!(src_qp > 1 && src_qp <= 0xff_ffff, "{p:?}");
+    }
+    assert!(packets
+        .iter()
+        .all(|p| p.deth.is_some() == (p.opcode == Opcode::UD_SEND_ONLY)));
+    let uc = packets
+        .iter()
+        .filter(|p| p.opcode.info().unwrap().transport == Transport::Uc)
+        .count();
+    // Nothing is lost on lo, so every message of a run is there, unless
+    // tcpdump itself dropped some.
+    eprintln!("{} UD and {uc} UC packets", ud.len());
+    if stats
+        .lines()
+        .any(|l| l.trim() == "0 packets dropped by kernel")
+    {
+        assert_eq!(ud.len(), 2 * PINGPONGS[0].2, "UD_SEND_ONLY packets");
+        // 40 bytes: one packet a message; 10000 bytes: three.
+        assert_eq!(
+            uc,
+            2 * PINGPONGS[1].2 + 3 * 2 * PINGPONGS[2].2,
+            "UC packets"
+        );
     }
     // GSO batches, split whole: segments 1..=n of one frame in a row, all
     // but the last the same size.

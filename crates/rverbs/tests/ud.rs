@@ -469,3 +469,57 @@ fn multicast_reaches_every_attached_qp_and_stops_after_detach() {
     drop(b2);
     b.qp.detach_mcast(mgid, 0).unwrap();
 }
+
+#[test]
+fn a_qp_attached_to_a_group_cannot_be_destroyed_until_detached() {
+    let dev = &devices().unwrap()[0];
+    let a = side(dev.open().unwrap());
+    let mgid = rverbs::Gid::from_ip("239.77.0.2".parse().unwrap());
+    a.qp.attach_mcast(mgid, 0).unwrap();
+    let e = a.qp.destroy().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Busy);
+    let qp = e.into_inner();
+    qp.detach_mcast(mgid, 0).unwrap();
+    qp.destroy().unwrap();
+}
+
+#[test]
+fn sqd_holds_new_sends_until_rts_and_reports_drained_at_once() {
+    let (a, b) = pair();
+    let ah = ah_to(&a, &b);
+    for i in 0..2 {
+        b.qp.post_recv(&RecvWr::new(i, &[sge(&b.mr, i * 256, 256)]))
+            .unwrap();
+    }
+    let attr = QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..QpAttr::default()
+    };
+    a.qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY)
+        .unwrap();
+    let ev = a
+        .ctx
+        .get_async_event_timeout(Duration::from_secs(5))
+        .unwrap()
+        .expect("SQ_DRAINED");
+    assert_eq!(ev.event_type(), rverbs::AsyncEventType::SqDrained);
+    assert!(ev.is_for_qp(&a.qp));
+    drop(ev);
+    a.qp.post_send(&SendWr::inline(1, WrOpcode::Send, b"held").signaled().to(
+        &ah,
+        b.qp.qp_num(),
+        QKEY,
+    ))
+    .unwrap();
+    assert!(quiet(&a.cq, Duration::from_millis(100)).is_empty());
+    assert!(quiet(&b.cq, Duration::from_millis(10)).is_empty());
+    assert!(!a.qp.query().unwrap().sq_draining);
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    a.qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(wait(&b.cq, 1)[0].byte_len as usize, GRH + 4);
+}

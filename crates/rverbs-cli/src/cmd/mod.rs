@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod decode;
 pub mod devinfo;
+pub mod pingpong;

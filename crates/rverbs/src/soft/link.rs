@@ -63,19 +63,54 @@ impl LinkWatch {
     }
 }
 
-/// Whether `addr` is on an interface that is up and running.
+/// Whether `addr` is on an interface that is up and running: assigned to
+/// it, or — on a loopback interface, where all of 127.0.0.1/8 is local —
+/// inside its prefix.
 pub(crate) fn address_usable(addr: IpAddr) -> bool {
     let Ok(ifaces) = nix::ifaddrs::getifaddrs() else {
         // Cannot tell: assume it is.
         return true;
     };
     let up = InterfaceFlags::IFF_UP | InterfaceFlags::IFF_RUNNING;
+    let ip_of = |s: &Option<nix::sys::socket::SockaddrStorage>| -> Option<IpAddr> {
+        let s = s.as_ref()?;
+        s.as_sockaddr_in()
+            .map(|v4| IpAddr::V4(v4.ip()))
+            .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+    };
     ifaces.into_iter().any(|ifa| {
-        let ip = ifa.address.as_ref().and_then(|s| {
-            s.as_sockaddr_in()
-                .map(|v4| IpAddr::V4(v4.ip()))
-                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-        });
-        ip == Some(addr) && ifa.flags.contains(up)
+        if !ifa.flags.contains(up) {
+            return false;
+        }
+        let ip = ip_of(&ifa.address);
+        if ip == Some(addr) {
+            return true;
+        }
+        if !ifa.flags.contains(InterfaceFlags::IFF_LOOPBACK) {
+            return false;
+        }
+        match (ip, ip_of(&ifa.netmask), addr) {
+            (Some(IpAddr::V4(a)), Some(IpAddr::V4(m)), IpAddr::V4(x)) => {
+                u32::from(a) & u32::from(m) == u32::from(x) & u32::from(m)
+            }
+            (Some(IpAddr::V6(a)), Some(IpAddr::V6(m)), IpAddr::V6(x)) => {
+                u128::from(a) & u128::from(m) == u128::from(x) & u128::from(m)
+            }
+            _ => false,
+        }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_loopback_address_is_usable_and_a_foreign_one_is_not() {
+        for a in ["127.0.0.1", "127.0.0.2", "127.3.4.5"] {
+            assert!(address_usable(a.parse().unwrap()), "{a}");
+        }
+        // TEST-NET-3 (RFC 5737): on no interface of a test host.
+        assert!(!address_usable("203.0.113.77".parse().unwrap()));
+    }
 }

@@ -374,7 +374,8 @@ impl Engine {
         let qpn = loop {
             let n = st.next_qpn;
             st.next_qpn = (n + 1) & 0x00ff_ffff;
-            if n >= 2 && !st.qps.contains_key(&n) {
+            // 0 and 1 are special QPs, 0xFFFFFF the multicast QPN.
+            if n >= 2 && n != MULTICAST_QPN && !st.qps.contains_key(&n) {
                 break n;
             }
         };
@@ -443,12 +444,21 @@ impl Engine {
         detached
     }
 
+    /// Multicast groups QP `qpn` is attached to.
+    pub(crate) fn groups_of(&self, qpn: u32) -> usize {
+        let st = self.lock();
+        st.groups.iter().filter(|g| g.qpns.contains(&qpn)).count()
+    }
+
     /// Takes a QP off the wire; its outstanding work is dropped unreported,
     /// as destroying a QP does.
     pub(crate) fn remove_qp(&self, qpn: u32) {
         let mut st = self.lock();
         if detach(&mut st, qpn, None) {
             self.groups_changed.fetch_add(1, Ordering::SeqCst);
+            // The engine thread's copy of a closed group's socket keeps the
+            // membership until it looks again.
+            let _ = self.waker.write(1);
         }
         if let Some(slot) = st.qps.remove(&qpn) {
             if let Some(d) = slot.deadline {
@@ -456,7 +466,8 @@ impl Engine {
             }
             st.stats.add(&slot.past);
             st.stats.add_ud(&slot.past_ud);
-            if let Some(rc) = slot.rc {
+            if let Some(mut rc) = slot.rc {
+                rc.return_recv();
                 st.stats.add(&rc.counters);
             }
             if let Some(ud) = slot.ud {
@@ -742,7 +753,8 @@ fn join_group(dev: &SoftDevice, group: IpAddr) -> io::Result<UdpSocket> {
         )?,
         IpAddr::V6(g) => bind(
             fd.as_raw_fd(),
-            &SockaddrIn6::from(std::net::SocketAddrV6::new(g, ROCE_V2_PORT, 0, 0)),
+            // Link-scope groups need the interface as scope.
+            &SockaddrIn6::from(std::net::SocketAddrV6::new(g, ROCE_V2_PORT, 0, dev.ifindex)),
         )?,
     }
     let socket = UdpSocket::from(fd);

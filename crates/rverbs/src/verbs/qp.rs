@@ -328,7 +328,8 @@ impl QueuePair {
                 }
                 match (from, to) {
                     (_, QpState::Reset) => {
-                        if let Some(rc) = slot.rc.take() {
+                        if let Some(mut rc) = slot.rc.take() {
+                            rc.return_recv();
                             slot.past.absorb(&rc.counters);
                         }
                         slot.peer = None;
@@ -792,6 +793,7 @@ impl QueuePair {
                         wr_id: wr.wr_id,
                         sges: SgeList::from_slice(wr.sg_list),
                         length,
+                        pd: core.pd.handle,
                     };
                     match (slot.rc.as_mut(), slot.ud.as_mut()) {
                         (Some(rc), _) => rc.post_recv(wqe),
@@ -805,13 +807,26 @@ impl QueuePair {
     }
 
     /// Destroys the QP (`ibv_destroy_qp`). Fails with EBUSY, handing the QP
-    /// back, while an [`AsyncEvent`](crate::AsyncEvent) for it is unacknowledged.
+    /// back, while it is attached to a multicast group or an
+    /// [`AsyncEvent`](crate::AsyncEvent) for it is unacknowledged. (Dropping
+    /// it detaches it.)
     pub fn destroy(self) -> Result<(), Rejected<QueuePair>> {
         let verb = Verb::DestroyQp;
         match self.core.ctx.device.destroy_path(verb) {
             Err(e) => return Err(Rejected::new(e, self)),
             Ok(DestroyPath::Forced) => {}
             Ok(DestroyPath::Checked) => {
+                let groups = self.core.ctx.device.engine.groups_of(self.core.qpn);
+                if groups > 0 {
+                    let err = Error::busy(
+                        verb,
+                        format!(
+                            "QP {:#x} is attached to {groups} multicast group(s): detach first",
+                            self.core.qpn
+                        ),
+                    );
+                    return Err(Rejected::new(err, self));
+                }
                 let unacked = self.core.async_events.unacked();
                 if unacked > 0 {
                     let err = Error::busy(
@@ -826,7 +841,8 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Brings an RC or UC QP in RESET to RTS, connected to `remote` (what
+    /// Brings an RC or UC QP in RESET or INIT (receive WRs posted there are
+    /// kept) to RTS, connected to `remote` (what
     /// `ibv_rc_pingpong` does by hand): INIT with `opts.access`, RTR with the
     /// remote's GID, QPN and PSN, RTS with `local_psn` (UC takes no timers,
     /// retry counts or READ/atomic depths).
@@ -932,7 +948,8 @@ impl QueuePair {
                     verb,
                     &e,
                     &format!(
-                        "cannot join multicast group {group} on {} (does the host route                          multicast on that interface?)",
+                        "cannot join multicast group {group} on {} (does the host route \
+                         multicast on that interface?)",
                         dev.addr
                     ),
                 ),

@@ -158,13 +158,13 @@ impl SharedReceiveQueue {
                     ),
                 ));
             }
-            if (attr.max_wr as usize) < q.wqes.len() {
+            if (attr.max_wr as usize) < q.occupied() {
                 return Err(Error::invalid(
                     verb,
                     format!(
                         "max_wr {} is below the {} WRs queued",
                         attr.max_wr,
-                        q.wqes.len()
+                        q.occupied()
                     ),
                 ));
             }
@@ -233,7 +233,7 @@ impl SharedReceiveQueue {
             let fail = |kind, msg: String| {
                 Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
             };
-            if q.wqes.len() >= q.max_wr as usize {
+            if q.occupied() >= q.max_wr as usize {
                 return fail(
                     ErrorKind::OutOfMemory,
                     format!("SRQ full ({} WRs)", q.max_wr),
@@ -249,6 +249,7 @@ impl SharedReceiveQueue {
                 wr_id: wr.wr_id,
                 sges: SgeList::from_slice(wr.sg_list),
                 length: wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
+                pd: core.pd.handle,
             });
         }
         Ok(())

@@ -223,6 +223,8 @@ pub(crate) struct RecvWqe {
     pub(crate) sges: SgeList,
     /// Total bytes the scatter list holds.
     pub(crate) length: u64,
+    /// The PD its lkeys are checked against: the QP's, or its SRQ's.
+    pub(crate) pd: u64,
 }
 
 /// What a QP reports to the engine.

@@ -535,6 +535,11 @@ impl RcQp {
         self.sq.len()
     }
 
+    /// The QP is reset or destroyed: a receive WR it kept goes back to its SRQ.
+    pub(crate) fn return_recv(&mut self) {
+        self.rq.return_held();
+    }
+
     /// Receive WRs posted and not yet consumed.
     pub(crate) fn rq_len(&self) -> usize {
         self.rq.own_len() + usize::from(matches!(self.inbound, Some(Inbound::Send { .. })))

@@ -20,6 +20,19 @@ pub(crate) struct SrqState {
     /// Armed limit (`srq_limit`, 0 = not armed): once fewer WRs than this
     /// remain, SRQ_LIMIT_REACHED is raised once and the limit disarms.
     pub(crate) limit: u32,
+    /// WRs QPs took and kept for their next message after abandoning one
+    /// (UC): they count against `max_wr` until used or given back. (A WR
+    /// frees its slot when a message takes it, so the application may have
+    /// refilled the queue meanwhile: then the SRQ is over `max_wr` by the
+    /// kept WRs for a while, and refuses posts until it is back within.)
+    pub(crate) held: u32,
+}
+
+impl SrqState {
+    /// WRs the SRQ answers for: queued, or kept by a QP.
+    pub(crate) fn occupied(&self) -> usize {
+        self.wqes.len() + self.held as usize
+    }
 }
 
 /// A shared receive queue as QPs see it (cloned into each QP using it).
@@ -33,6 +46,7 @@ impl SharedRq {
             wqes: VecDeque::new(),
             max_wr,
             limit,
+            held: 0,
         })))
     }
 
@@ -81,6 +95,8 @@ impl RecvQueue {
             RecvQueue::Own(q) => q.pop_front(),
             RecvQueue::Shared(s, held) => {
                 if let Some(wqe) = held.take() {
+                    let mut q = s.lock();
+                    q.held = q.held.saturating_sub(1);
                     return Some(wqe);
                 }
                 let (wqe, fired) = s.take();
@@ -97,7 +113,11 @@ impl RecvQueue {
     pub(crate) fn put_back(&mut self, wqe: RecvWqe) {
         match self {
             RecvQueue::Own(q) => q.push_front(wqe),
-            RecvQueue::Shared(_, held) => *held = Some(wqe),
+            RecvQueue::Shared(s, held) => {
+                if held.replace(wqe).is_none() {
+                    s.lock().held += 1;
+                }
+            }
         }
     }
 
@@ -131,7 +151,26 @@ impl RecvQueue {
     pub(crate) fn drain_own(&mut self) -> VecDeque<RecvWqe> {
         match self {
             RecvQueue::Own(q) => std::mem::take(q),
-            RecvQueue::Shared(_, held) => held.take().into_iter().collect(),
+            RecvQueue::Shared(s, held) => {
+                let wqe = held.take();
+                if wqe.is_some() {
+                    let mut q = s.lock();
+                    q.held = q.held.saturating_sub(1);
+                }
+                wqe.into_iter().collect()
+            }
+        }
+    }
+
+    /// The QP goes away (destroy, reset): a WR it kept goes back to the
+    /// head of its SRQ, where other QPs find it.
+    pub(crate) fn return_held(&mut self) {
+        if let RecvQueue::Shared(s, held) = self {
+            if let Some(wqe) = held.take() {
+                let mut q = s.lock();
+                q.held = q.held.saturating_sub(1);
+                q.wqes.push_front(wqe);
+            }
         }
     }
 

@@ -403,6 +403,7 @@ fn recv_wqe(wr_id: u64, lkey: u32, addr: u64, len: u32) -> RecvWqe {
             lkey,
         }],
         length: u64::from(len),
+        pd: PD,
     }
 }
 
@@ -470,6 +471,7 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
             wr_id: 1000 + i as u64,
             sges: smallvec![sge],
             length: 4096,
+            pd: PD,
         });
     }
     let mut expect = Vec::new();
@@ -2117,10 +2119,11 @@ fn uc_a_message_cut_short_by_the_next_one_gives_its_wr_to_that_one() {
 
 #[test]
 fn uc_keeps_an_abandoned_srq_wr_and_the_srq_stays_within_max_wr() {
-    // A UC QP on an SRQ takes a receive WR at a message's first packet, and
-    // the application may refill the SRQ meanwhile. When the message then
-    // loses a packet, the QP keeps the WR for its next message instead of
-    // pushing it back into the SRQ, which would then hold max_wr + 1 WRs.
+    // A UC QP on an SRQ takes a receive WR at a message's first packet (the
+    // SRQ's slot frees, as in rxe), and the application may refill the SRQ
+    // meanwhile. When the message then loses a packet, the QP keeps the WR
+    // for its next message; it counts against max_wr, so posts are refused
+    // until the SRQ is back within it.
     let mut sim = Sim::uc(4, LinkFaults::CLEAN);
     let srq = SharedRq::new(2, 0);
     sim.use_srq(1, &srq);
@@ -2132,24 +2135,30 @@ fn uc_keeps_an_abandoned_srq_wr_and_the_srq_stays_within_max_wr() {
     let pkts = sim.take_packets(0);
     assert_eq!(pkts.len(), 4);
     sim.hand_over(1, &pkts[0]); // WR 1000 taken for message 0
-                                // What post_srq_recv checks before it queues a WR.
+                                // The application refills the SRQ (what post_srq_recv checks first).
     let (key, base) = mrs[1];
-    let posted = {
+    let post = |wr_id: u64| {
         let mut q = srq.lock();
-        let room = q.wqes.len() < q.max_wr as usize;
+        let room = q.occupied() < q.max_wr as usize;
         if room {
-            q.wqes.push_back(recv_wqe(1002, key, base + RECV_AREA, 64));
+            q.wqes.push_back(recv_wqe(wr_id, key, base + RECV_AREA, 64));
         }
         room
     };
-    // Message 0 loses its middle packet: dropped, WR 1000 put back.
+    assert!(post(1002), "WR 1000 is in use by message 0, not counted");
+    // Message 0 loses its middle packet: dropped, WR 1000 kept by the QP.
     sim.hand_over(1, &pkts[2]);
+    {
+        let q = srq.lock();
+        assert_eq!((q.wqes.len(), q.held), (2, 1));
+        assert_eq!(q.occupied(), q.max_wr as usize + 1);
+    }
+    assert!(!post(1003), "the kept WR counts against max_wr");
+    // The QP goes away (reset, destroy): the kept WR goes back to the SRQ,
+    // first in line.
+    sim.sides[1].qp.return_recv();
     let q = srq.lock();
-    assert!(
-        q.wqes.len() <= q.max_wr as usize,
-        "the SRQ holds {} WRs, max_wr {} (the post of a third WR was {})",
-        q.wqes.len(),
-        q.max_wr,
-        if posted { "accepted" } else { "refused" }
-    );
+    assert_eq!(q.held, 0);
+    let ids: Vec<u64> = q.wqes.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1000, 1001, 1002]);
 }

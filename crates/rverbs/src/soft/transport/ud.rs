@@ -3,9 +3,11 @@
 //! connection, no ACKs. A send WR completes once its packet is out. A
 //! receive needs a posted WR (none: the packet is dropped, UD has no RNR)
 //! and a matching Q_Key; the payload lands after a 40-byte GRH at the head
-//! of the receive buffer — for IPv4 the packet's IPv4 header in its last 20
-//! bytes, as rdma-core's `ibv_init_ah_from_wc` reads it — and `byte_len`
-//! counts the GRH.
+//! of the receive buffer — for IPv4 an IPv4 header with the packet's
+//! addresses in its last 20 bytes, as rdma-core's `ibv_init_ah_from_wc`
+//! reads it — and `byte_len` counts the GRH. A send completes once its
+//! packet is handed to the engine; a full socket buffer drops it like a
+//! lossy network would (UD promises no delivery).
 //!
 //! Local errors move the QP to SQE (IBTA 10.3.1.6): the failed WR completes
 //! with its status, later ones with a flush error, receives go on; modify
@@ -132,9 +134,10 @@ impl UdQp {
         self.rq.own_len()
     }
 
-    /// In SQD: WRs still to send (a UD WR is done once sent).
+    /// In SQD: whether WRs that started are still outstanding — never: a
+    /// UD WR is done once its packet is out, and in SQD none starts.
     pub(crate) fn sq_draining(&self) -> bool {
-        !self.sq.is_empty()
+        false
     }
 
     /// Queues a send WR; in ERR or SQE it completes at once with a flush
@@ -226,7 +229,7 @@ impl UdQp {
     }
 
     fn check_drained(&mut self) {
-        if self.state == QpState::Sqd && self.notify_drained && self.sq.is_empty() {
+        if self.state == QpState::Sqd && self.notify_drained {
             self.notify_drained = false;
             self.events
                 .push_back(QpEvent::Async(crate::event::AsyncEventType::SqDrained));
@@ -242,7 +245,8 @@ impl UdQp {
         tx: &mut TxBuffer<'_>,
     ) -> Option<(usize, IpAddr)> {
         loop {
-            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            // In SQD no WR starts: they wait for RTS.
+            if self.state != QpState::Rts {
                 return None;
             }
             let e = self.sq.front()?;
@@ -305,14 +309,12 @@ impl UdQp {
                     self.events.push_back(QpEvent::SendCompletion(wc));
                 }
             }
-            self.check_drained();
             return Some((total, ip));
         }
     }
 
     /// Handles a packet for this QP (ICRC-checked, parsed), sent from `src`
-    /// to `dst` (the local address, or a multicast group) with `ttl`/`tos`
-    /// as received.
+    /// to `dst` (the local address, or a multicast group).
     pub(crate) fn handle_packet(
         &mut self,
         pkt: &PacketRepr<'_>,
@@ -329,6 +331,11 @@ impl UdQp {
             return;
         }
         let Some(deth) = pkt.deth else { return };
+        // One packet per message, at most the MTU: anything longer is not
+        // from a conforming sender.
+        if pkt.payload.len() > self.cfg.mtu as usize {
+            return;
+        }
         if deth.qkey != self.cfg.qkey {
             self.counters.qkey_violations += 1;
             return;
@@ -350,8 +357,8 @@ impl UdQp {
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
             return;
         }
-        let grh = grh_bytes(src, dst, pkt.payload.len());
-        let pd = self.cfg.pd;
+        let grh = grh_bytes(src, dst, pkt.buffer_len());
+        let pd = wqe.pd;
         let placed = scatter(mem, pd, &wqe.sges, 0, &grh)
             .and_then(|()| scatter(mem, pd, &wqe.sges, GRH_LEN as u64, pkt.payload));
         if placed.is_err() {
@@ -370,12 +377,13 @@ impl UdQp {
     }
 }
 
-/// The 40 bytes placed ahead of a UD payload: for IPv4 20 zero bytes and
-/// the IPv4 header (ID 0, DF, TTL 64, with its checksum); for IPv6 the
-/// IPv6 header (hop limit 64).
-pub(crate) fn grh_bytes(src: IpAddr, dst: IpAddr, payload: usize) -> [u8; GRH_LEN] {
-    // BTH + DETH + payload + ICRC, and the UDP header.
-    let udp_len = (8 + 12 + 8 + payload + 4) as u16;
+/// The 40 bytes placed ahead of a UD payload, for a RoCE packet of
+/// `roce_len` bytes (BTH to ICRC): for IPv4 20 zero bytes and an IPv4
+/// header, for IPv6 an IPv6 header, with the packet's addresses and
+/// lengths. TTL/hop limit (64), TOS (0) and the IPv4 ID (0) are those rverbs
+/// senders use, not read from the packet (the socket does not report them).
+pub(crate) fn grh_bytes(src: IpAddr, dst: IpAddr, roce_len: usize) -> [u8; GRH_LEN] {
+    let udp_len = (8 + roce_len) as u16;
     let mut grh = [0u8; GRH_LEN];
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {

@@ -134,7 +134,7 @@ impl RcQp {
                 if *offset + plen as u64 > wqe.length {
                     return Err(Refusal::RecvBuffer(WcStatus::LocLenErr));
                 }
-                if scatter(mem, pd, &wqe.sges, *offset, pkt.payload).is_err() {
+                if scatter(mem, wqe.pd, &wqe.sges, *offset, pkt.payload).is_err() {
                     return Err(Refusal::RecvBuffer(WcStatus::LocProtErr));
                 }
                 *offset += plen as u64;
