@@ -1,0 +1,23 @@
+//! What every exported function shares: errno, and the panic guard.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(value: i32) {
+    // SAFETY: __errno_location returns the calling thread's errno slot,
+    // valid for the thread's lifetime.
+    unsafe { *libc::__errno_location() = value };
+}
+
+/// Runs `f`; a panic becomes `on_panic` (after setting errno to EIO), so no
+/// unwind crosses into C.
+#[allow(dead_code)] // used as the verbs arrive
+pub(crate) fn guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            set_errno(libc::EIO);
+            on_panic
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! `libibverbs.so.1` for unmodified C programs: every symbol Debian's
+//! rdma-core 44 libibverbs exports, with its version node (`build.rs`,
+//! `symbols.txt`), over the rverbs software device.
+//!
+//! Each exported function is a Rust function with an `rverbs_`-prefixed
+//! symbol, aliased with `.symver` to the C name at its version node (rustc
+//! passes its own version script, so a plain `#[no_mangle]` symbol would come
+//! out unversioned). Every one catches panics: none crosses into C.
+
+#![allow(clippy::missing_safety_doc)]
+
+/// Exports a function under its C name at version node `$node`: the Rust
+/// function keeps the C name, its symbol is `rverbs_<name>`, and a `.symver`
+/// directive makes `<name>@@<node>` the default version of that symbol.
+macro_rules! export {
+    ($node:literal
+     $(#[$meta:meta])*
+     pub unsafe extern "C" fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+    ) => {
+        $(#[$meta])*
+        #[export_name = concat!("rverbs_", stringify!($name))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? $body
+
+        core::arch::global_asm!(concat!(
+            ".symver rverbs_", stringify!($name), ", ", stringify!($name), "@@", $node
+        ));
+    };
+}
+
+mod ffi;
+mod private;
+mod strings;
+mod unsupported;

@@ -1,0 +1,117 @@
+//! Verbs this library does not implement (yet): each reports EOPNOTSUPP the
+//! way its C prototype reports errors — as the return value (`int`), as -1
+//! with errno (`neg`), as NULL with errno (`ptr`) — or does nothing
+//! (`void`). Arguments are ignored (the C calling convention allows it).
+
+use std::ffi::{c_int, c_void};
+
+use crate::ffi::set_errno;
+
+macro_rules! unsupported {
+    ($($node:literal $kind:ident $name:ident;)*) => {
+        $( unsupported!(@one $node $kind $name); )*
+    };
+    (@one $node:literal int $name:ident) => {
+        export! { $node
+            /// Not supported on rverbs: EOPNOTSUPP.
+            pub unsafe extern "C" fn $name() -> c_int {
+                libc::EOPNOTSUPP
+            }
+        }
+    };
+    (@one $node:literal neg $name:ident) => {
+        export! { $node
+            /// Not supported on rverbs: -1, errno EOPNOTSUPP.
+            pub unsafe extern "C" fn $name() -> c_int {
+                set_errno(libc::EOPNOTSUPP);
+                -1
+            }
+        }
+    };
+    (@one $node:literal ptr $name:ident) => {
+        export! { $node
+            /// Not supported on rverbs: NULL, errno EOPNOTSUPP.
+            pub unsafe extern "C" fn $name() -> *mut c_void {
+                set_errno(libc::EOPNOTSUPP);
+                std::ptr::null_mut()
+            }
+        }
+    };
+    (@one $node:literal void $name:ident) => {
+        export! { $node
+            /// Not supported on rverbs: does nothing.
+            pub unsafe extern "C" fn $name() {}
+        }
+    };
+}
+
+unsupported! {
+    "IBVERBS_1.11" int _ibv_query_gid_ex;
+    "IBVERBS_1.11" neg _ibv_query_gid_table;
+    "IBVERBS_1.1" void ibv_ack_async_event;
+    "IBVERBS_1.1" void ibv_ack_cq_events;
+    "IBVERBS_1.1" ptr ibv_alloc_pd;
+    "IBVERBS_1.1" int ibv_attach_mcast;
+    "IBVERBS_1.1" neg ibv_close_device;
+    "IBVERBS_1.1" void ibv_copy_ah_attr_from_kern;
+    "IBVERBS_1.0" void ibv_copy_path_rec_from_kern;
+    "IBVERBS_1.0" void ibv_copy_path_rec_to_kern;
+    "IBVERBS_1.0" void ibv_copy_qp_attr_from_kern;
+    "IBVERBS_1.1" ptr ibv_create_ah;
+    "IBVERBS_1.1" ptr ibv_create_ah_from_wc;
+    "IBVERBS_1.0" ptr ibv_create_comp_channel;
+    "IBVERBS_1.1" ptr ibv_create_cq;
+    "IBVERBS_1.1" ptr ibv_create_qp;
+    "IBVERBS_1.1" ptr ibv_create_srq;
+    "IBVERBS_1.1" int ibv_dealloc_pd;
+    "IBVERBS_1.1" int ibv_dereg_mr;
+    "IBVERBS_1.1" int ibv_destroy_ah;
+    "IBVERBS_1.0" int ibv_destroy_comp_channel;
+    "IBVERBS_1.1" int ibv_destroy_cq;
+    "IBVERBS_1.1" int ibv_destroy_qp;
+    "IBVERBS_1.1" int ibv_destroy_srq;
+    "IBVERBS_1.1" int ibv_detach_mcast;
+    "IBVERBS_1.1" int ibv_dofork_range;
+    "IBVERBS_1.1" int ibv_dontfork_range;
+    "IBVERBS_1.1" int ibv_fork_init;
+    "IBVERBS_1.1" void ibv_free_device_list;
+    "IBVERBS_1.1" neg ibv_get_async_event;
+    "IBVERBS_1.1" neg ibv_get_cq_event;
+    "IBVERBS_1.1" int ibv_get_device_guid;
+    "IBVERBS_1.9" neg ibv_get_device_index;
+    "IBVERBS_1.1" ptr ibv_get_device_list;
+    "IBVERBS_1.1" ptr ibv_get_device_name;
+    "IBVERBS_1.5" neg ibv_get_pkey_index;
+    "IBVERBS_1.0" neg ibv_get_sysfs_path;
+    "IBVERBS_1.10" ptr ibv_import_device;
+    "IBVERBS_1.13" ptr ibv_import_dm;
+    "IBVERBS_1.10" ptr ibv_import_mr;
+    "IBVERBS_1.10" ptr ibv_import_pd;
+    "IBVERBS_1.1" int ibv_init_ah_from_wc;
+    "IBVERBS_1.13" int ibv_is_fork_initialized;
+    "IBVERBS_1.1" int ibv_modify_qp;
+    "IBVERBS_1.1" int ibv_modify_srq;
+    "IBVERBS_1.1" ptr ibv_open_device;
+    "IBVERBS_1.6" ptr ibv_qp_to_qp_ex;
+    "IBVERBS_1.1" int ibv_query_device;
+    "IBVERBS_1.10" int ibv_query_ece;
+    "IBVERBS_1.1" neg ibv_query_gid;
+    "IBVERBS_1.1" neg ibv_query_pkey;
+    "IBVERBS_1.1" int ibv_query_port;
+    "IBVERBS_1.1" int ibv_query_qp;
+    "IBVERBS_1.14" int ibv_query_qp_data_in_order;
+    "IBVERBS_1.1" int ibv_query_srq;
+    "IBVERBS_1.0" neg ibv_read_sysfs_file;
+    "IBVERBS_1.12" ptr ibv_reg_dmabuf_mr;
+    "IBVERBS_1.1" ptr ibv_reg_mr;
+    "IBVERBS_1.7" ptr ibv_reg_mr_iova;
+    "IBVERBS_1.8" ptr ibv_reg_mr_iova2;
+    "IBVERBS_1.1" int ibv_rereg_mr;
+    "IBVERBS_1.1" int ibv_resize_cq;
+    "IBVERBS_1.1" int ibv_resolve_eth_l2_from_gid;
+    "IBVERBS_1.10" int ibv_set_ece;
+    "IBVERBS_1.13" void ibv_unimport_dm;
+    "IBVERBS_1.10" void ibv_unimport_mr;
+    "IBVERBS_1.10" void ibv_unimport_pd;
+    "IBVERBS_PRIVATE_34" int ibv_query_gid_type;
+}
