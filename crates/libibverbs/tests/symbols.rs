@@ -55,7 +55,11 @@ fn every_debian_symbol_is_exported_with_its_version() {
     }
     let theirs = exports(Path::new(DEBIAN));
     let ours = exports(&ours());
-    assert!(theirs.len() > 140, "Debian's list looks wrong: {}", theirs.len());
+    assert!(
+        theirs.len() > 140,
+        "Debian's list looks wrong: {}",
+        theirs.len()
+    );
     let mut problems = Vec::new();
     for (name, version) in &theirs {
         match ours.get(name) {
@@ -77,10 +81,11 @@ fn the_soname_is_libibverbs_so_1() {
     if !have_tools() {
         return;
     }
-    let out = Command::new("readelf").arg("-d").arg(ours()).output().unwrap();
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(ours())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("Library soname: [libibverbs.so.1]"),
-        "{text}"
-    );
+    assert!(text.contains("Library soname: [libibverbs.so.1]"), "{text}");
 }
