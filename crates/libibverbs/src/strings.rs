@@ -5,28 +5,30 @@ use std::ffi::{c_char, c_int, CStr};
 
 /// `enum ibv_rate` values with their multiple of 2.5 Gb/s (`-1`: not a
 /// multiple) and their Mb/s.
-const RATES: [(c_int, c_int, c_int); 21] = [
-    (2, 1, 2500),     // IBV_RATE_2_5_GBPS
-    (5, 2, 5000),     // IBV_RATE_5_GBPS
-    (3, 4, 10000),    // IBV_RATE_10_GBPS
-    (6, 8, 20000),    // IBV_RATE_20_GBPS
-    (4, 12, 30000),   // IBV_RATE_30_GBPS
-    (7, 16, 40000),   // IBV_RATE_40_GBPS
-    (8, 24, 60000),   // IBV_RATE_60_GBPS
-    (9, 32, 80000),   // IBV_RATE_80_GBPS
-    (10, 48, 120000), // IBV_RATE_120_GBPS
-    (11, -1, 14062),  // IBV_RATE_14_GBPS
-    (12, -1, 56250),  // IBV_RATE_56_GBPS
-    (13, -1, 112500), // IBV_RATE_112_GBPS
-    (14, -1, 168750), // IBV_RATE_168_GBPS
-    (15, -1, 25781),  // IBV_RATE_25_GBPS
-    (16, -1, 103125), // IBV_RATE_100_GBPS
-    (17, -1, 206250), // IBV_RATE_200_GBPS
-    (18, -1, 309375), // IBV_RATE_300_GBPS
-    (19, -1, 28125),  // IBV_RATE_28_GBPS
-    (20, -1, 53125),  // IBV_RATE_50_GBPS
-    (21, -1, 425000), // IBV_RATE_400_GBPS
-    (22, -1, 637500), // IBV_RATE_600_GBPS
+const RATES: [(c_int, c_int, c_int); 23] = [
+    (2, 1, 2500),       // IBV_RATE_2_5_GBPS
+    (5, 2, 5000),       // IBV_RATE_5_GBPS
+    (3, 4, 10000),      // IBV_RATE_10_GBPS
+    (6, 8, 20000),      // IBV_RATE_20_GBPS
+    (4, 12, 30000),     // IBV_RATE_30_GBPS
+    (7, 16, 40000),     // IBV_RATE_40_GBPS
+    (8, 24, 60000),     // IBV_RATE_60_GBPS
+    (9, 32, 80000),     // IBV_RATE_80_GBPS
+    (10, 48, 120000),   // IBV_RATE_120_GBPS
+    (11, -1, 14062),    // IBV_RATE_14_GBPS
+    (12, -1, 56250),    // IBV_RATE_56_GBPS
+    (13, -1, 112500),   // IBV_RATE_112_GBPS
+    (14, -1, 168750),   // IBV_RATE_168_GBPS
+    (15, -1, 25781),    // IBV_RATE_25_GBPS
+    (16, -1, 103125),   // IBV_RATE_100_GBPS
+    (17, -1, 206250),   // IBV_RATE_200_GBPS
+    (18, -1, 309375),   // IBV_RATE_300_GBPS
+    (19, 11, 28125),    // IBV_RATE_28_GBPS
+    (20, 20, 53125),    // IBV_RATE_50_GBPS
+    (21, 160, 425000),  // IBV_RATE_400_GBPS
+    (22, 240, 637500),  // IBV_RATE_600_GBPS
+    (23, 320, 850000),  // IBV_RATE_800_GBPS
+    (24, 480, 1275000), // IBV_RATE_1200_GBPS
 ];
 
 export! { "IBVERBS_1.0"
@@ -80,12 +82,12 @@ export! { "IBVERBS_1.1"
 }
 
 const PORT_STATES: [&CStr; 6] = [
-    c"PORT_NOP",
-    c"PORT_DOWN",
-    c"PORT_INIT",
-    c"PORT_ARMED",
-    c"PORT_ACTIVE",
-    c"PORT_ACTIVE_DEFER",
+    c"no state change (NOP)",
+    c"down",
+    c"init",
+    c"armed",
+    c"active",
+    c"active defer",
 ];
 
 export! { "IBVERBS_1.1"

@@ -61,3 +61,65 @@ fn newest_source(dir: &Path) -> SystemTime {
     }
     newest
 }
+
+/// A fresh directory holding `libibverbs.so.1` → the built library, for
+/// `LD_LIBRARY_PATH` (the loader looks the library up by its SONAME);
+/// removed on drop.
+pub struct LibDir(pub PathBuf);
+
+impl LibDir {
+    pub fn new(tag: &str) -> LibDir {
+        let lib = library();
+        let dir = std::env::temp_dir().join(format!(
+            "rverbs-libdir-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1")).unwrap();
+        LibDir(dir)
+    }
+}
+
+impl Drop for LibDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles the C program `source` against Debian's verbs.h and
+/// libibverbs into `dir`; `None` (after the CI check) when cc or the
+/// header is missing.
+pub fn compile_c(dir: &Path, name: &str, source: &str) -> Option<PathBuf> {
+    let have = Path::new("/usr/include/infiniband/verbs.h").exists()
+        && std::process::Command::new("cc")
+            .arg("--version")
+            .output()
+            .is_ok();
+    if !have {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "needs cc and libibverbs-dev in CI"
+        );
+        eprintln!("skipped: needs cc and libibverbs-dev");
+        return None;
+    }
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let exe = dir.join(name);
+    let out = std::process::Command::new("cc")
+        .arg("-O0")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cc {name}.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
