@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test binary uses part of it
 //! Shared by the tests that load the built library.
 
 use std::path::{Path, PathBuf};
