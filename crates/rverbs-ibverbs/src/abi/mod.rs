@@ -8,8 +8,9 @@
 //! `Option<unsafe extern "C" fn(..)>` with the prototypes verbs.h gives them,
 //! so a NULL slot is `None`. `tests/layout.rs` compiles a C program against
 //! the real header and checks the size and alignment of every type here, the
-//! offset of every field (nested members and `verbs_context`'s slots relative
-//! to its `context` member included) and the value of every constant.
+//! offset and size of every field (nested members and `verbs_context`'s slots
+//! relative to its `context` member included) and the value of every
+//! constant.
 //!
 //! Where C has something Rust cannot spell, the mapping is:
 //! - an anonymous member union gets a named field: [`ibv_wc::imm`],
@@ -30,7 +31,8 @@
 //! static initializers).
 
 #![allow(non_camel_case_types)]
-#![allow(non_upper_case_globals)]
+// verbs_context's `ABI_placeholder*` slots keep their C names.
+#![allow(non_snake_case)]
 // verbs.h's function-pointer slots are long prototypes; they stay inline so
 // each field reads like its C declaration.
 #![allow(clippy::type_complexity)]
