@@ -11,7 +11,6 @@ pub(crate) fn set_errno(value: i32) {
 
 /// Runs `f`; a panic becomes `on_panic` (after setting errno to EIO), so no
 /// unwind crosses into C.
-#[allow(dead_code)] // used as the verbs arrive
 pub(crate) fn guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
@@ -20,4 +19,9 @@ pub(crate) fn guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
             on_panic
         }
     }
+}
+
+/// The errno libibverbs would report for an rverbs error.
+pub(crate) fn errno_of(e: &rverbs::Error) -> i32 {
+    e.errno()
 }

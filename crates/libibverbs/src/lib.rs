@@ -27,7 +27,9 @@ macro_rules! export {
     };
 }
 
+mod device;
 mod ffi;
+mod objects;
 mod private;
 mod strings;
 mod unsupported;

@@ -46,13 +46,9 @@ macro_rules! unsupported {
 }
 
 unsupported! {
-    "IBVERBS_1.11" int _ibv_query_gid_ex;
-    "IBVERBS_1.11" neg _ibv_query_gid_table;
-    "IBVERBS_1.1" void ibv_ack_async_event;
     "IBVERBS_1.1" void ibv_ack_cq_events;
     "IBVERBS_1.1" ptr ibv_alloc_pd;
     "IBVERBS_1.1" int ibv_attach_mcast;
-    "IBVERBS_1.1" neg ibv_close_device;
     "IBVERBS_1.1" void ibv_copy_ah_attr_from_kern;
     "IBVERBS_1.0" void ibv_copy_path_rec_from_kern;
     "IBVERBS_1.0" void ibv_copy_path_rec_to_kern;
@@ -74,14 +70,7 @@ unsupported! {
     "IBVERBS_1.1" int ibv_dofork_range;
     "IBVERBS_1.1" int ibv_dontfork_range;
     "IBVERBS_1.1" int ibv_fork_init;
-    "IBVERBS_1.1" void ibv_free_device_list;
-    "IBVERBS_1.1" neg ibv_get_async_event;
     "IBVERBS_1.1" neg ibv_get_cq_event;
-    "IBVERBS_1.1" int ibv_get_device_guid;
-    "IBVERBS_1.9" neg ibv_get_device_index;
-    "IBVERBS_1.1" ptr ibv_get_device_list;
-    "IBVERBS_1.1" ptr ibv_get_device_name;
-    "IBVERBS_1.5" neg ibv_get_pkey_index;
     "IBVERBS_1.0" neg ibv_get_sysfs_path;
     "IBVERBS_1.10" ptr ibv_import_device;
     "IBVERBS_1.13" ptr ibv_import_dm;
@@ -91,13 +80,8 @@ unsupported! {
     "IBVERBS_1.13" int ibv_is_fork_initialized;
     "IBVERBS_1.1" int ibv_modify_qp;
     "IBVERBS_1.1" int ibv_modify_srq;
-    "IBVERBS_1.1" ptr ibv_open_device;
     "IBVERBS_1.6" ptr ibv_qp_to_qp_ex;
-    "IBVERBS_1.1" int ibv_query_device;
     "IBVERBS_1.10" int ibv_query_ece;
-    "IBVERBS_1.1" neg ibv_query_gid;
-    "IBVERBS_1.1" neg ibv_query_pkey;
-    "IBVERBS_1.1" int ibv_query_port;
     "IBVERBS_1.1" int ibv_query_qp;
     "IBVERBS_1.14" int ibv_query_qp_data_in_order;
     "IBVERBS_1.1" int ibv_query_srq;
@@ -113,5 +97,4 @@ unsupported! {
     "IBVERBS_1.13" void ibv_unimport_dm;
     "IBVERBS_1.10" void ibv_unimport_mr;
     "IBVERBS_1.10" void ibv_unimport_pd;
-    "IBVERBS_PRIVATE_34" int ibv_query_gid_type;
 }
