@@ -8,6 +8,8 @@
 //! out unversioned). Every one catches panics: none crosses into C.
 
 #![allow(clippy::missing_safety_doc)]
+// C structs are zeroed, then filled field by field as verbs.h lists them.
+#![allow(clippy::field_reassign_with_default)]
 
 /// Exports a function under its C name at version node `$node`: the Rust
 /// function keeps the C name, its symbol is `rverbs_<name>`, and a `.symver`
@@ -31,5 +33,6 @@ mod device;
 mod ffi;
 mod objects;
 mod private;
+mod qp;
 mod strings;
 mod unsupported;

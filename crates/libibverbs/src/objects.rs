@@ -1,6 +1,625 @@
-//! PDs, MRs, completion channels, CQs, QPs, SRQs and AHs as C objects.
+//! PDs, MRs, completion channels and CQs as C objects.
+//!
+//! Each C object is the first field of a `#[repr(C)]` wrapper that owns the
+//! rverbs object (`rust`, an `Option` so a refused destroy can put it
+//! back), so a C pointer is a pointer to its wrapper. The rverbs object's
+//! `user_data` is the C pointer: async events and completion events name
+//! the C object through it.
 
-use rverbs_ibverbs::abi::ibv_context_ops;
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_uint, c_void};
+use std::ptr;
+use std::sync::{Condvar, Mutex};
+
+use rverbs::{
+    AccessFlags, CompletionChannel, CompletionQueue, CqEvent, MemoryRegion, ProtectionDomain,
+    WorkCompletion,
+};
+use rverbs_ibverbs::abi::*;
+
+use crate::device::context_ref;
+use crate::ffi::{errno_of, guard, set_errno};
 
 /// Fills the ops slots the inline wrappers of verbs.h call.
-pub(crate) fn fill_ops(_ops: &mut ibv_context_ops) {}
+pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
+    ops.poll_cq = Some(poll_cq);
+    ops.req_notify_cq = Some(req_notify_cq);
+    crate::qp::fill_ops(ops);
+}
+
+/// Locks, shrugging off poisoning (a panic elsewhere was already turned
+/// into an errno).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ---- protection domains -----------------------------------------------
+
+/// `ibv_pd` and its rverbs PD.
+#[repr(C)]
+pub(crate) struct Pd {
+    pub(crate) ibv: ibv_pd,
+    pub(crate) rust: Option<ProtectionDomain>,
+}
+
+/// The wrapper behind a C object pointer.
+///
+/// # Safety
+/// `p` must be null or point at the C struct at the start of a live `W`
+/// this library made.
+pub(crate) unsafe fn wrapper<'a, C, W>(p: *mut C) -> Option<&'a W> {
+    // SAFETY: per the caller, `p` is null or the first field of a live `W`.
+    unsafe { p.cast::<W>().as_ref() }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_alloc_pd`.
+    pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+        guard(ptr::null_mut(), || {
+            // SAFETY: a context this library opened, or NULL.
+            let Some(ctx) = (unsafe { context_ref(context) }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            match ctx.rust.alloc_pd() {
+                Ok(pd) => {
+                    let ibv = ibv_pd {
+                        context,
+                        handle: pd.handle() as u32,
+                    };
+                    Box::into_raw(Box::new(Pd { ibv, rust: Some(pd) })).cast()
+                }
+                Err(e) => {
+                    set_errno(errno_of(&e));
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_dealloc_pd`: 0, or EBUSY while MRs, QPs, SRQs or AHs use it.
+    pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+        guard(libc::EIO, || {
+            if pd.is_null() {
+                return libc::EINVAL;
+            }
+            let pd = pd.cast::<Pd>();
+            // SAFETY: a PD from ibv_alloc_pd, not yet deallocated.
+            let w = unsafe { &mut *pd };
+            let Some(rust) = w.rust.take() else {
+                return libc::EINVAL;
+            };
+            match rust.dealloc() {
+                Ok(()) => {
+                    // SAFETY: made by Box::into_raw in ibv_alloc_pd; freed once.
+                    drop(unsafe { Box::from_raw(pd) });
+                    0
+                }
+                Err(rejected) => {
+                    let errno = rejected.error().errno();
+                    w.rust = Some(rejected.into_inner());
+                    errno
+                }
+            }
+        })
+    }
+}
+
+/// The rverbs PD behind a C PD.
+///
+/// # Safety
+/// `pd` must be null or a live PD from `ibv_alloc_pd`.
+pub(crate) unsafe fn pd_ref<'a>(pd: *mut ibv_pd) -> Option<&'a ProtectionDomain> {
+    // SAFETY: per the caller.
+    unsafe { wrapper::<_, Pd>(pd) }.and_then(|w| w.rust.as_ref())
+}
+
+// ---- memory regions ---------------------------------------------------
+
+/// `ibv_mr` and its rverbs MR.
+#[repr(C)]
+pub(crate) struct Mr {
+    pub(crate) ibv: ibv_mr,
+    pub(crate) rust: Option<MemoryRegion>,
+}
+
+/// Access flags as rverbs takes them: the optional-range bits (hints a
+/// device may ignore) dropped, unknown bits refused.
+fn access_flags(access: c_uint) -> Option<AccessFlags> {
+    let access = access & !AccessFlags::OPTIONAL_RANGE.bits();
+    AccessFlags::from_bits(access)
+}
+
+fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    guard(ptr::null_mut(), || {
+        // SAFETY: a PD from ibv_alloc_pd, or NULL.
+        let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let Some(flags) = access_flags(access) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: as ibv_reg_mr's contract says, the program keeps
+        // addr..addr+length mapped and leaves it to the device until it
+        // deregisters the MR (which C programs do before freeing).
+        let mr = unsafe { rust_pd.reg_mr_raw(addr.cast(), length, iova, flags) };
+        match mr {
+            Ok(mr) => {
+                // SAFETY: pd is live (checked above); its context is set.
+                let context = unsafe { (*pd).context };
+                let ibv = ibv_mr {
+                    context,
+                    pd,
+                    addr,
+                    length,
+                    handle: mr.handle() as u32,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                };
+                Box::into_raw(Box::new(Mr {
+                    ibv,
+                    rust: Some(mr),
+                }))
+                .cast()
+            }
+            Err(e) => {
+                set_errno(errno_of(&e));
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_reg_mr` (the function; verbs.h's macro calls
+    /// `ibv_reg_mr_iova2` when the flags are not constant).
+    pub unsafe extern "C" fn ibv_reg_mr(
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        access: c_int,
+    ) -> *mut ibv_mr {
+        reg_mr(pd, addr, length, addr as u64, access as c_uint)
+    }
+}
+
+export! { "IBVERBS_1.7"
+    /// `ibv_reg_mr_iova`.
+    pub unsafe extern "C" fn ibv_reg_mr_iova(
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        iova: u64,
+        access: c_int,
+    ) -> *mut ibv_mr {
+        reg_mr(pd, addr, length, iova, access as c_uint)
+    }
+}
+
+export! { "IBVERBS_1.8"
+    /// `ibv_reg_mr_iova2`.
+    pub unsafe extern "C" fn ibv_reg_mr_iova2(
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        iova: u64,
+        access: c_uint,
+    ) -> *mut ibv_mr {
+        reg_mr(pd, addr, length, iova, access)
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_dereg_mr`.
+    pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+        guard(libc::EIO, || {
+            if mr.is_null() {
+                return libc::EINVAL;
+            }
+            let mr = mr.cast::<Mr>();
+            // SAFETY: an MR from ibv_reg_mr*, not yet deregistered.
+            let w = unsafe { &mut *mr };
+            let Some(rust) = w.rust.take() else {
+                return libc::EINVAL;
+            };
+            match rust.dereg() {
+                // Foreign memory: nothing comes back.
+                Ok(_) => {
+                    // SAFETY: made by Box::into_raw in reg_mr; freed once.
+                    drop(unsafe { Box::from_raw(mr) });
+                    0
+                }
+                Err(rejected) => {
+                    let errno = rejected.error().errno();
+                    w.rust = Some(rejected.into_inner());
+                    errno
+                }
+            }
+        })
+    }
+}
+
+// ---- completion channels ----------------------------------------------
+
+/// `ibv_comp_channel` and its rverbs channel.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) ibv: ibv_comp_channel,
+    pub(crate) rust: Option<CompletionChannel>,
+}
+
+export! { "IBVERBS_1.0"
+    /// `ibv_create_comp_channel`: `fd` is a real, pollable descriptor a
+    /// program may make non-blocking; `refcnt` counts its CQs.
+    pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+        guard(ptr::null_mut(), || {
+            // SAFETY: a context this library opened, or NULL.
+            let Some(ctx) = (unsafe { context_ref(context) }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            match ctx.rust.create_comp_channel() {
+                Ok(ch) => {
+                    use std::os::fd::AsRawFd;
+                    let ibv = ibv_comp_channel {
+                        context,
+                        fd: ch.as_raw_fd(),
+                        refcnt: 0,
+                    };
+                    Box::into_raw(Box::new(Channel { ibv, rust: Some(ch) })).cast()
+                }
+                Err(e) => {
+                    set_errno(errno_of(&e));
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.0"
+    /// `ibv_destroy_comp_channel`: EBUSY (returned) while CQs use it.
+    pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+        guard(libc::EIO, || {
+            if channel.is_null() {
+                return libc::EINVAL;
+            }
+            let ch = channel.cast::<Channel>();
+            // SAFETY: a channel from ibv_create_comp_channel, not destroyed.
+            let w = unsafe { &mut *ch };
+            if w.ibv.refcnt != 0 {
+                return libc::EBUSY;
+            }
+            let Some(rust) = w.rust.take() else {
+                return libc::EINVAL;
+            };
+            match rust.destroy() {
+                Ok(()) => {
+                    // SAFETY: made by Box::into_raw; freed once.
+                    drop(unsafe { Box::from_raw(ch) });
+                    0
+                }
+                Err(rejected) => {
+                    let errno = rejected.error().errno();
+                    w.rust = Some(rejected.into_inner());
+                    errno
+                }
+            }
+        })
+    }
+}
+
+// ---- completion queues ------------------------------------------------
+
+/// `ibv_cq` and its rverbs CQ, with the completion events read and not yet
+/// acknowledged.
+#[repr(C)]
+pub(crate) struct Cq {
+    pub(crate) ibv: ibv_cq,
+    pub(crate) rust: Option<CompletionQueue>,
+    pending: Mutex<VecDeque<CqEvent>>,
+    acked: Condvar,
+}
+
+/// The rverbs CQ behind a C CQ.
+///
+/// # Safety
+/// `cq` must be null or a live CQ from `ibv_create_cq`.
+pub(crate) unsafe fn cq_ref<'a>(cq: *mut ibv_cq) -> Option<&'a CompletionQueue> {
+    // SAFETY: per the caller.
+    unsafe { wrapper::<_, Cq>(cq) }.and_then(|w| w.rust.as_ref())
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_create_cq`.
+    pub unsafe extern "C" fn ibv_create_cq(
+        context: *mut ibv_context,
+        cqe: c_int,
+        cq_context: *mut c_void,
+        channel: *mut ibv_comp_channel,
+        comp_vector: c_int,
+    ) -> *mut ibv_cq {
+        guard(ptr::null_mut(), || {
+            // SAFETY: a context this library opened, or NULL.
+            let Some(ctx) = (unsafe { context_ref(context) }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            let (Ok(cqe), Ok(vector)) = (u32::try_from(cqe), u32::try_from(comp_vector)) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            // SAFETY: a channel from ibv_create_comp_channel, or NULL.
+            let ch = unsafe { wrapper::<_, Channel>(channel) };
+            if !channel.is_null() && ch.and_then(|c| c.rust.as_ref()).is_none() {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+            let mut ibv = ibv_cq::default();
+            ibv.context = context;
+            ibv.channel = channel;
+            ibv.cq_context = cq_context;
+            let cq = Box::into_raw(Box::new(Cq {
+                ibv,
+                rust: None,
+                pending: Mutex::new(VecDeque::new()),
+                acked: Condvar::new(),
+            }));
+            let mut b = ctx.rust.cq_builder().cqe(cqe).comp_vector(vector).user_data(cq as u64);
+            if let Some(c) = ch.and_then(|c| c.rust.as_ref()) {
+                b = b.channel(c);
+            }
+            match b.build() {
+                Ok(rust) => {
+                    // SAFETY: just made; nobody else has it yet.
+                    let w = unsafe { &mut *cq };
+                    w.ibv.handle = rust.handle() as u32;
+                    w.ibv.cqe = rust.cqe() as c_int;
+                    w.rust = Some(rust);
+                    if !channel.is_null() {
+                        // SAFETY: checked live above.
+                        unsafe { (*channel).refcnt += 1 };
+                    }
+                    cq.cast()
+                }
+                Err(e) => {
+                    // SAFETY: made above, never handed out.
+                    drop(unsafe { Box::from_raw(cq) });
+                    set_errno(errno_of(&e));
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_resize_cq`.
+    pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: a CQ from ibv_create_cq, or NULL.
+            let Some(rust) = (unsafe { cq_ref(cq) }) else {
+                return libc::EINVAL;
+            };
+            let Ok(cqe) = u32::try_from(cqe) else {
+                return libc::EINVAL;
+            };
+            match rust.resize(cqe) {
+                Ok(()) => {
+                    // SAFETY: live (checked above).
+                    unsafe { (*cq).cqe = rust.cqe() as c_int };
+                    0
+                }
+                Err(e) => errno_of(&e),
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_destroy_cq`: waits until every completion event read from it
+    /// was acknowledged; EBUSY while QPs use it.
+    pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+        guard(libc::EIO, || {
+            if cq.is_null() {
+                return libc::EINVAL;
+            }
+            let w = cq.cast::<Cq>();
+            // SAFETY: a CQ from ibv_create_cq, not destroyed.
+            let wr = unsafe { &mut *w };
+            {
+                let mut pending = lock(&wr.pending);
+                while !pending.is_empty() {
+                    pending = wr.acked.wait(pending).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+            let Some(rust) = wr.rust.take() else {
+                return libc::EINVAL;
+            };
+            match rust.destroy() {
+                Ok(()) => {
+                    let channel = wr.ibv.channel;
+                    if !channel.is_null() {
+                        // SAFETY: the channel outlives its CQs (its destroy
+                        // is refused while refcnt is not 0).
+                        unsafe { (*channel).refcnt -= 1 };
+                    }
+                    // SAFETY: made by Box::into_raw; freed once.
+                    drop(unsafe { Box::from_raw(w) });
+                    0
+                }
+                Err(rejected) => {
+                    let errno = rejected.error().errno();
+                    wr.rust = Some(rejected.into_inner());
+                    errno
+                }
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_get_cq_event`: reads the channel (blocking, unless the program
+    /// made its fd non-blocking: then -1/EAGAIN); 0, or -1 with errno.
+    pub unsafe extern "C" fn ibv_get_cq_event(
+        channel: *mut ibv_comp_channel,
+        cq_out: *mut *mut ibv_cq,
+        cq_context: *mut *mut c_void,
+    ) -> c_int {
+        guard(-1, || {
+            // SAFETY: a channel from ibv_create_comp_channel, or NULL.
+            let Some(ch) = (unsafe { wrapper::<_, Channel>(channel) }).and_then(|c| c.rust.as_ref()) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            let ev = match ch.get_cq_event() {
+                Ok(ev) => ev,
+                Err(e) => {
+                    set_errno(errno_of(&e));
+                    return -1;
+                }
+            };
+            let cq = ev.user_data() as *mut Cq;
+            // SAFETY: the event's user data is the C CQ it was created with,
+            // live while it has unacknowledged events (destroy waits).
+            let w = unsafe { &*cq };
+            if !cq_out.is_null() {
+                // SAFETY: the caller passes writable pointers (or NULL).
+                unsafe { *cq_out = cq.cast() };
+            }
+            if !cq_context.is_null() {
+                // SAFETY: as above.
+                unsafe { *cq_context = w.ibv.cq_context };
+            }
+            lock(&w.pending).push_back(ev);
+            0
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_ack_cq_events`: acknowledges `nevents` events of `cq`.
+    pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+        guard((), || {
+            // SAFETY: a CQ from ibv_create_cq, or NULL.
+            let Some(w) = (unsafe { wrapper::<_, Cq>(cq) }) else { return };
+            let mut pending = lock(&w.pending);
+            for _ in 0..nevents {
+                drop(pending.pop_front());
+            }
+            // SAFETY: live; the counter is only written under `pending`'s lock.
+            unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
+            w.acked.notify_all();
+        })
+    }
+}
+
+/// Converts a completion to C's `ibv_wc` (immediate data in network order).
+pub(crate) fn c_wc(wc: &WorkCompletion) -> ibv_wc {
+    let mut out = ibv_wc::default();
+    out.wr_id = wc.wr_id;
+    out.status = wc.status as u32;
+    out.opcode = wc.opcode as u32;
+    out.vendor_err = wc.vendor_err;
+    out.byte_len = wc.byte_len;
+    out.imm.imm_data = wc.imm_data.to_be();
+    out.qp_num = wc.qp_num;
+    out.src_qp = wc.src_qp;
+    out.wc_flags = wc.wc_flags.bits();
+    out.pkey_index = wc.pkey_index;
+    out.slid = wc.slid;
+    out.sl = wc.sl;
+    out.dlid_path_bits = wc.dlid_path_bits;
+    out
+}
+
+/// `ops.poll_cq` (behind the inline `ibv_poll_cq`): completions written,
+/// or -1 on error.
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    guard(-1, || {
+        // SAFETY: a CQ from ibv_create_cq, or NULL.
+        let Some(rust) = (unsafe { cq_ref(cq) }) else {
+            return -1;
+        };
+        let Ok(want) = usize::try_from(num_entries) else {
+            return -1;
+        };
+        if want > 0 && wc.is_null() {
+            return -1;
+        }
+        let mut buf = [WorkCompletion::default(); 16];
+        let mut done = 0;
+        while done < want {
+            let n = (want - done).min(buf.len());
+            let got = match rust.poll(&mut buf[..n]) {
+                Ok(got) => got,
+                Err(_) => return -1,
+            };
+            for (i, w) in buf[..got].iter().enumerate() {
+                // SAFETY: the caller's array holds num_entries entries and
+                // done + i < want = num_entries.
+                unsafe { wc.add(done + i).write(c_wc(w)) };
+            }
+            done += got;
+            if got < n {
+                break;
+            }
+        }
+        done as c_int
+    })
+}
+
+/// `ops.req_notify_cq` (behind the inline `ibv_req_notify_cq`).
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a CQ from ibv_create_cq, or NULL.
+        let Some(rust) = (unsafe { cq_ref(cq) }) else {
+            return libc::EINVAL;
+        };
+        match rust.req_notify(solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+// ---- fork -------------------------------------------------------------
+
+export! { "IBVERBS_1.1"
+    /// `ibv_fork_init`: nothing to protect (the device reads and writes
+    /// memory with ordinary copies, so a fork cannot break it).
+    pub unsafe extern "C" fn ibv_fork_init() -> c_int {
+        0
+    }
+}
+
+export! { "IBVERBS_1.13"
+    /// `ibv_is_fork_initialized`: IBV_FORK_UNNEEDED.
+    pub unsafe extern "C" fn ibv_is_fork_initialized() -> c_int {
+        2
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_dontfork_range`: nothing to do.
+    pub unsafe extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+        0
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_dofork_range`: nothing to do.
+    pub unsafe extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+        0
+    }
+}

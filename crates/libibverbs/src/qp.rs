@@ -1,0 +1,929 @@
+//! QPs, SRQs and AHs as C objects, and posting work requests: C's linked
+//! lists of `ibv_send_wr` / `ibv_recv_wr` become rverbs work requests, and a
+//! refused one is reported through `bad_wr` as libibverbs does.
+
+use std::ffi::c_int;
+use std::ptr;
+
+use rverbs::{
+    AccessFlags, AddressHandle, AhAttr, Gid, Mtu, Payload, QpAttr, QpAttrMask, QpCaps, QpState,
+    QpType, QueuePair, RecvWr, SendFlags, SendWr, Sge, SharedReceiveQueue, SrqAttr, SrqAttrMask,
+    UdAddress, WrOpcode,
+};
+use rverbs_ibverbs::abi::*;
+
+use crate::device::context_ref;
+use crate::ffi::{errno_of, guard, set_errno};
+use crate::objects::{cq_ref, pd_ref, wrapper};
+
+/// Fills the ops slots for posting.
+pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
+    ops.post_send = Some(post_send);
+    ops.post_recv = Some(post_recv);
+    ops.post_srq_recv = Some(post_srq_recv);
+}
+
+// ---- conversions ------------------------------------------------------
+
+fn qp_state(s: u32) -> Option<QpState> {
+    Some(match s {
+        IBV_QPS_RESET => QpState::Reset,
+        IBV_QPS_INIT => QpState::Init,
+        IBV_QPS_RTR => QpState::Rtr,
+        IBV_QPS_RTS => QpState::Rts,
+        IBV_QPS_SQD => QpState::Sqd,
+        IBV_QPS_SQE => QpState::Sqe,
+        IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn gid_of(g: &ibv_gid) -> Gid {
+    // SAFETY: every bit pattern of the union is a valid [u8; 16].
+    Gid(unsafe { g.raw })
+}
+
+fn ah_attr(a: &ibv_ah_attr) -> Option<AhAttr> {
+    // RoCE routes every packet: an address without a GRH cannot be used.
+    if a.is_global == 0 {
+        return None;
+    }
+    Some(AhAttr {
+        dgid: gid_of(&a.grh.dgid),
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+        sl: a.sl,
+        port_num: a.port_num,
+    })
+}
+
+fn c_ah_attr(a: &AhAttr) -> ibv_ah_attr {
+    let mut out = ibv_ah_attr::default();
+    out.grh.dgid = ibv_gid { raw: *a.dgid.raw() };
+    out.grh.sgid_index = a.sgid_index;
+    out.grh.hop_limit = a.hop_limit;
+    out.grh.traffic_class = a.traffic_class;
+    out.grh.flow_label = a.flow_label;
+    out.sl = a.sl;
+    out.is_global = 1;
+    out.port_num = a.port_num;
+    out
+}
+
+fn caps(c: &ibv_qp_cap) -> QpCaps {
+    QpCaps {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn c_caps(c: &QpCaps) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// The SGE list of a C work request.
+///
+/// # Safety
+/// `sg_list` must hold `num_sge` entries (or be anything when it is 0).
+unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
+    let n = usize::try_from(num_sge).ok()?;
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    if sg_list.is_null() {
+        return None;
+    }
+    // SAFETY: per the caller, sg_list holds num_sge entries.
+    let list = unsafe { std::slice::from_raw_parts(sg_list, n) };
+    Some(
+        list.iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect(),
+    )
+}
+
+// ---- queue pairs ------------------------------------------------------
+
+/// `ibv_qp` and its rverbs QP.
+#[repr(C)]
+pub(crate) struct Qp {
+    pub(crate) ibv: ibv_qp,
+    pub(crate) rust: Option<QueuePair>,
+}
+
+unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a QueuePair> {
+    // SAFETY: per the caller: a live QP from ibv_create_qp, or NULL.
+    unsafe { wrapper::<_, Qp>(qp) }.and_then(|w| w.rust.as_ref())
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_create_qp`: RC, UC or UD; `init_attr->cap` comes back with the
+    /// sizes the QP got.
+    pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+        guard(ptr::null_mut(), || {
+            // SAFETY: a PD from ibv_alloc_pd, or NULL.
+            let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            // SAFETY: the caller passes a readable ibv_qp_init_attr.
+            let Some(attr) = (unsafe { init_attr.as_mut() }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            let qp_type = match attr.qp_type {
+                IBV_QPT_RC => QpType::Rc,
+                IBV_QPT_UC => QpType::Uc,
+                IBV_QPT_UD => QpType::Ud,
+                _ => {
+                    set_errno(libc::EOPNOTSUPP);
+                    return ptr::null_mut();
+                }
+            };
+            // SAFETY: CQs from ibv_create_cq (or NULL, refused).
+            let (Some(scq), Some(rcq)) = (unsafe { cq_ref(attr.send_cq) }, unsafe { cq_ref(attr.recv_cq) }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            // SAFETY: an SRQ from ibv_create_srq, or NULL.
+            let srq = unsafe { srq_ref(attr.srq) };
+            if !attr.srq.is_null() && srq.is_none() {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+            // SAFETY: pd is live (checked above).
+            let context = unsafe { (*pd).context };
+            let mut ibv = ibv_qp::default();
+            ibv.context = context;
+            ibv.qp_context = attr.qp_context;
+            ibv.pd = pd;
+            ibv.send_cq = attr.send_cq;
+            ibv.recv_cq = attr.recv_cq;
+            ibv.srq = attr.srq;
+            ibv.qp_type = attr.qp_type;
+            ibv.state = IBV_QPS_RESET;
+            let qp = Box::into_raw(Box::new(Qp { ibv, rust: None }));
+            let mut b = rust_pd
+                .qp_builder(scq, rcq)
+                .qp_type(qp_type)
+                .caps(caps(&attr.cap))
+                .sq_sig_all(attr.sq_sig_all != 0)
+                .user_data(qp as u64);
+            if let Some(s) = srq {
+                b = b.srq(s);
+            }
+            match b.build() {
+                Ok(rust) => {
+                    attr.cap = c_caps(&rust.caps());
+                    // SAFETY: just made; not handed out yet.
+                    let w = unsafe { &mut *qp };
+                    w.ibv.handle = rust.handle() as u32;
+                    w.ibv.qp_num = rust.qp_num();
+                    w.rust = Some(rust);
+                    qp.cast()
+                }
+                Err(e) => {
+                    // SAFETY: made above, never handed out.
+                    drop(unsafe { Box::from_raw(qp) });
+                    set_errno(errno_of(&e));
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_modify_qp`: 0 or an errno.
+    pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: a QP from ibv_create_qp, or NULL.
+            let Some(rust) = (unsafe { qp_ref(qp) }) else {
+                return libc::EINVAL;
+            };
+            // SAFETY: the caller passes a readable ibv_qp_attr.
+            let Some(a) = (unsafe { attr.as_ref() }) else {
+                return libc::EINVAL;
+            };
+            let Some(mask) = QpAttrMask::from_bits(attr_mask as u32) else {
+                return libc::EINVAL;
+            };
+            let mut r = QpAttr::default();
+            if mask.contains(QpAttrMask::STATE) {
+                let Some(s) = qp_state(a.qp_state) else { return libc::EINVAL };
+                r.qp_state = s;
+            }
+            if mask.contains(QpAttrMask::CUR_STATE) {
+                let Some(s) = qp_state(a.cur_qp_state) else { return libc::EINVAL };
+                r.cur_qp_state = s;
+            }
+            if mask.contains(QpAttrMask::PATH_MTU) {
+                let Some(m) = Mtu::from_raw(a.path_mtu) else { return libc::EINVAL };
+                r.path_mtu = m;
+            }
+            if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+                let Some(f) = AccessFlags::from_bits(a.qp_access_flags) else { return libc::EINVAL };
+                r.qp_access_flags = f;
+            }
+            if mask.contains(QpAttrMask::AV) {
+                let Some(av) = ah_attr(&a.ah_attr) else { return libc::EINVAL };
+                r.ah_attr = av;
+            }
+            r.qkey = a.qkey;
+            r.rq_psn = a.rq_psn;
+            r.sq_psn = a.sq_psn;
+            r.dest_qp_num = a.dest_qp_num;
+            r.cap = caps(&a.cap);
+            r.pkey_index = a.pkey_index;
+            r.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+            r.max_rd_atomic = a.max_rd_atomic;
+            r.max_dest_rd_atomic = a.max_dest_rd_atomic;
+            r.min_rnr_timer = a.min_rnr_timer;
+            r.port_num = a.port_num;
+            r.timeout = a.timeout;
+            r.retry_cnt = a.retry_cnt;
+            r.rnr_retry = a.rnr_retry;
+            match rust.modify(&r, mask) {
+                Ok(()) => {
+                    // SAFETY: live (checked above).
+                    unsafe { (*qp).state = rust.state() as u32 };
+                    0
+                }
+                Err(e) => errno_of(&e),
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_query_qp`: fills `attr` and `init_attr`.
+    pub unsafe extern "C" fn ibv_query_qp(
+        qp: *mut ibv_qp,
+        attr: *mut ibv_qp_attr,
+        _attr_mask: c_int,
+        init_attr: *mut ibv_qp_init_attr,
+    ) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: a QP from ibv_create_qp, or NULL.
+            let Some(rust) = (unsafe { qp_ref(qp) }) else {
+                return libc::EINVAL;
+            };
+            if attr.is_null() || init_attr.is_null() {
+                return libc::EINVAL;
+            }
+            let q = match rust.query() {
+                Ok(q) => q,
+                Err(e) => return errno_of(&e),
+            };
+            let mut a = ibv_qp_attr::default();
+            a.qp_state = q.qp_state as u32;
+            a.cur_qp_state = q.cur_qp_state as u32;
+            a.path_mtu = q.path_mtu as u32;
+            a.qkey = q.qkey;
+            a.rq_psn = q.rq_psn;
+            a.sq_psn = q.sq_psn;
+            a.dest_qp_num = q.dest_qp_num;
+            a.qp_access_flags = q.qp_access_flags.bits();
+            a.cap = c_caps(&q.cap);
+            a.ah_attr = c_ah_attr(&q.ah_attr);
+            a.pkey_index = q.pkey_index;
+            a.en_sqd_async_notify = u8::from(q.en_sqd_async_notify);
+            a.sq_draining = u8::from(q.sq_draining);
+            a.max_rd_atomic = q.max_rd_atomic;
+            a.max_dest_rd_atomic = q.max_dest_rd_atomic;
+            a.min_rnr_timer = q.min_rnr_timer;
+            a.port_num = q.port_num;
+            a.timeout = q.timeout;
+            a.retry_cnt = q.retry_cnt;
+            a.rnr_retry = q.rnr_retry;
+            // SAFETY: live QP; the caller passes writable structs.
+            unsafe {
+                let c = &(*qp);
+                attr.write(a);
+                let mut i = ibv_qp_init_attr::default();
+                i.qp_context = c.qp_context;
+                i.send_cq = c.send_cq;
+                i.recv_cq = c.recv_cq;
+                i.srq = c.srq;
+                i.cap = c_caps(&q.cap);
+                i.qp_type = c.qp_type;
+                init_attr.write(i);
+                (*qp).state = q.qp_state as u32;
+            }
+            0
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_destroy_qp`: waits until the QP's async events were
+    /// acknowledged; EBUSY while attached to a multicast group.
+    pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+        guard(libc::EIO, || {
+            if qp.is_null() {
+                return libc::EINVAL;
+            }
+            let w = qp.cast::<Qp>();
+            // SAFETY: a QP from ibv_create_qp, not destroyed.
+            let wr = unsafe { &mut *w };
+            let Some(rust) = wr.rust.take() else {
+                return libc::EINVAL;
+            };
+            let mut rust = rust;
+            loop {
+                match rust.destroy() {
+                    Ok(()) => {
+                        // SAFETY: made by Box::into_raw; freed once.
+                        drop(unsafe { Box::from_raw(w) });
+                        return 0;
+                    }
+                    Err(rejected) => {
+                        let errno = rejected.error().errno();
+                        let q = rejected.into_inner();
+                        let (reported, acked) = q.async_events();
+                        if errno == libc::EBUSY && reported != acked {
+                            // As libibverbs: wait for the program to
+                            // acknowledge the QP's events.
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            rust = q;
+                            continue;
+                        }
+                        wr.rust = Some(q);
+                        return errno;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Converts one C send WR (its SGEs and inline bytes land in `sges` and
+/// `inline`, which the result borrows).
+///
+/// # Safety
+/// `wr` must be a valid C send WR; inline data is read straight from the
+/// addresses its SGEs name, as libibverbs does.
+unsafe fn send_wr<'a>(wr: &ibv_send_wr, sges: &'a [Sge], inline: &'a [u8]) -> Option<SendWr<'a>> {
+    // SAFETY: the union member read is the one the opcode selects.
+    let opcode = unsafe {
+        match wr.opcode {
+            IBV_WR_SEND => WrOpcode::Send,
+            IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm {
+                imm: u32::from_be(wr.imm.imm_data),
+            },
+            IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite {
+                remote_addr: wr.wr.rdma.remote_addr,
+                rkey: wr.wr.rdma.rkey,
+            },
+            IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm {
+                remote_addr: wr.wr.rdma.remote_addr,
+                rkey: wr.wr.rdma.rkey,
+                imm: u32::from_be(wr.imm.imm_data),
+            },
+            IBV_WR_RDMA_READ => WrOpcode::RdmaRead {
+                remote_addr: wr.wr.rdma.remote_addr,
+                rkey: wr.wr.rdma.rkey,
+            },
+            IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp {
+                remote_addr: wr.wr.atomic.remote_addr,
+                rkey: wr.wr.atomic.rkey,
+                compare: wr.wr.atomic.compare_add,
+                swap: wr.wr.atomic.swap,
+            },
+            IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd {
+                remote_addr: wr.wr.atomic.remote_addr,
+                rkey: wr.wr.atomic.rkey,
+                add: wr.wr.atomic.compare_add,
+            },
+            _ => return None,
+        }
+    };
+    let mut flags = SendFlags::empty();
+    if wr.send_flags & IBV_SEND_FENCE != 0 {
+        flags |= SendFlags::FENCE;
+    }
+    if wr.send_flags & IBV_SEND_SIGNALED != 0 {
+        flags |= SendFlags::SIGNALED;
+    }
+    if wr.send_flags & IBV_SEND_SOLICITED != 0 {
+        flags |= SendFlags::SOLICITED;
+    }
+    let payload = if wr.send_flags & IBV_SEND_INLINE != 0 {
+        flags |= SendFlags::INLINE;
+        Payload::Inline(inline)
+    } else {
+        Payload::Sges(sges)
+    };
+    Some(SendWr {
+        wr_id: wr.wr_id,
+        opcode,
+        payload,
+        flags,
+        ud: None,
+    })
+}
+
+/// `ops.post_send` (behind the inline `ibv_post_send`): 0, or an errno with
+/// `*bad_wr` at the WR refused (the ones before it were posted).
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    let fail = |at: *mut ibv_send_wr, errno: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: the caller passes a writable pointer slot.
+            unsafe { *bad_wr = at };
+        }
+        errno
+    };
+    guard(libc::EIO, || {
+        // SAFETY: a QP from ibv_create_qp, or NULL.
+        let Some(rust) = (unsafe { qp_ref(qp) }) else {
+            return fail(wr, libc::EINVAL);
+        };
+        let mut at = wr;
+        while !at.is_null() {
+            // SAFETY: a list of valid WRs, as the caller promises.
+            let w = unsafe { &*at };
+            // SAFETY: sg_list holds num_sge entries.
+            let Some(list) = (unsafe { sges(w.sg_list, w.num_sge) }) else {
+                return fail(at, libc::EINVAL);
+            };
+            let mut inline = Vec::new();
+            if w.send_flags & IBV_SEND_INLINE != 0 {
+                for s in &list {
+                    if s.length > 0 {
+                        // SAFETY: inline data is read from the program's
+                        // own memory at the SGE's address, as libibverbs
+                        // does; the program guarantees it is readable.
+                        let bytes = unsafe {
+                            std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
+                        };
+                        inline.extend_from_slice(bytes);
+                    }
+                }
+            }
+            // SAFETY: w is a valid WR (see above).
+            let Some(mut one) = (unsafe { send_wr(w, &list, &inline) }) else {
+                return fail(at, libc::EINVAL);
+            };
+            let ah_holder;
+            if rust.qp_type() == QpType::Ud {
+                // SAFETY: for UD the `ud` member is the one in use.
+                let ud = unsafe { w.wr.ud };
+                // SAFETY: an AH from ibv_create_ah, or NULL.
+                let Some(ah) = (unsafe { ah_ref(ud.ah) }) else {
+                    return fail(at, libc::EINVAL);
+                };
+                ah_holder = ah;
+                one.ud = Some(UdAddress {
+                    ah: ah_holder,
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                });
+            }
+            if let Err(e) = rust.post_send(&one) {
+                return fail(at, errno_of(&e));
+            }
+            at = w.next;
+        }
+        0
+    })
+}
+
+/// Receive WRs of a C list, or the first bad one.
+///
+/// # Safety
+/// `wr` must be a valid list of C receive WRs.
+unsafe fn for_each_recv(
+    wr: *mut ibv_recv_wr,
+    mut post: impl FnMut(&RecvWr<'_>) -> Result<(), c_int>,
+) -> Result<(), (*mut ibv_recv_wr, c_int)> {
+    let mut at = wr;
+    while !at.is_null() {
+        // SAFETY: per the caller.
+        let w = unsafe { &*at };
+        // SAFETY: sg_list holds num_sge entries.
+        let Some(list) = (unsafe { sges(w.sg_list, w.num_sge) }) else {
+            return Err((at, libc::EINVAL));
+        };
+        post(&RecvWr::new(w.wr_id, &list)).map_err(|e| (at, e))?;
+        at = w.next;
+    }
+    Ok(())
+}
+
+/// `ops.post_recv` (behind the inline `ibv_post_recv`).
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a QP from ibv_create_qp, or NULL.
+        let Some(rust) = (unsafe { qp_ref(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller passes a valid list.
+        let r = unsafe { for_each_recv(wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) };
+        match r {
+            Ok(()) => 0,
+            Err((at, errno)) => {
+                if !bad_wr.is_null() {
+                    // SAFETY: the caller passes a writable pointer slot.
+                    unsafe { *bad_wr = at };
+                }
+                errno
+            }
+        }
+    })
+}
+
+// ---- shared receive queues --------------------------------------------
+
+/// `ibv_srq` and its rverbs SRQ.
+#[repr(C)]
+pub(crate) struct Srq {
+    pub(crate) ibv: ibv_srq,
+    pub(crate) rust: Option<SharedReceiveQueue>,
+}
+
+unsafe fn srq_ref<'a>(srq: *mut ibv_srq) -> Option<&'a SharedReceiveQueue> {
+    // SAFETY: per the caller: a live SRQ from ibv_create_srq, or NULL.
+    unsafe { wrapper::<_, Srq>(srq) }.and_then(|w| w.rust.as_ref())
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_create_srq`.
+    pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init_attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+        guard(ptr::null_mut(), || {
+            // SAFETY: a PD from ibv_alloc_pd, or NULL.
+            let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            // SAFETY: the caller passes a readable ibv_srq_init_attr.
+            let Some(attr) = (unsafe { init_attr.as_ref() }) else {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            };
+            let mut ibv = ibv_srq::default();
+            // SAFETY: pd is live.
+            ibv.context = unsafe { (*pd).context };
+            ibv.srq_context = attr.srq_context;
+            ibv.pd = pd;
+            let srq = Box::into_raw(Box::new(Srq { ibv, rust: None }));
+            let a = SrqAttr {
+                max_wr: attr.attr.max_wr,
+                max_sge: attr.attr.max_sge,
+                srq_limit: attr.attr.srq_limit,
+            };
+            match rust_pd.create_srq_with(a, srq as u64) {
+                Ok(rust) => {
+                    // SAFETY: just made; not handed out yet.
+                    let w = unsafe { &mut *srq };
+                    w.ibv.handle = rust.handle() as u32;
+                    w.rust = Some(rust);
+                    srq.cast()
+                }
+                Err(e) => {
+                    // SAFETY: made above, never handed out.
+                    drop(unsafe { Box::from_raw(srq) });
+                    set_errno(errno_of(&e));
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_modify_srq`.
+    pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: an SRQ from ibv_create_srq, or NULL.
+            let Some(rust) = (unsafe { srq_ref(srq) }) else {
+                return libc::EINVAL;
+            };
+            // SAFETY: the caller passes a readable ibv_srq_attr.
+            let Some(a) = (unsafe { attr.as_ref() }) else {
+                return libc::EINVAL;
+            };
+            let mask = SrqAttrMask::from_bits_retain(mask as u32);
+            let a = SrqAttr {
+                max_wr: a.max_wr,
+                max_sge: a.max_sge,
+                srq_limit: a.srq_limit,
+            };
+            match rust.modify(&a, mask) {
+                Ok(()) => 0,
+                Err(e) => errno_of(&e),
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_query_srq`.
+    pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: an SRQ from ibv_create_srq, or NULL.
+            let Some(rust) = (unsafe { srq_ref(srq) }) else {
+                return libc::EINVAL;
+            };
+            if attr.is_null() {
+                return libc::EINVAL;
+            }
+            match rust.query() {
+                Ok(q) => {
+                    // SAFETY: the caller passes a writable ibv_srq_attr.
+                    unsafe {
+                        attr.write(ibv_srq_attr {
+                            max_wr: q.max_wr,
+                            max_sge: q.max_sge,
+                            srq_limit: q.srq_limit,
+                        })
+                    };
+                    0
+                }
+                Err(e) => errno_of(&e),
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_destroy_srq`: waits for its async events to be acknowledged;
+    /// EBUSY while QPs use it.
+    pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+        guard(libc::EIO, || {
+            if srq.is_null() {
+                return libc::EINVAL;
+            }
+            let w = srq.cast::<Srq>();
+            // SAFETY: an SRQ from ibv_create_srq, not destroyed.
+            let wr = unsafe { &mut *w };
+            let Some(mut rust) = wr.rust.take() else {
+                return libc::EINVAL;
+            };
+            loop {
+                match rust.destroy() {
+                    Ok(()) => {
+                        // SAFETY: made by Box::into_raw; freed once.
+                        drop(unsafe { Box::from_raw(w) });
+                        return 0;
+                    }
+                    Err(rejected) => {
+                        let errno = rejected.error().errno();
+                        let s = rejected.into_inner();
+                        let (reported, acked) = s.async_events();
+                        if errno == libc::EBUSY && s.users() == 0 && reported != acked {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            rust = s;
+                            continue;
+                        }
+                        wr.rust = Some(s);
+                        return errno;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// `ops.post_srq_recv` (behind the inline `ibv_post_srq_recv`).
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: an SRQ from ibv_create_srq, or NULL.
+        let Some(rust) = (unsafe { srq_ref(srq) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller passes a valid list.
+        let r = unsafe { for_each_recv(wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) };
+        match r {
+            Ok(()) => 0,
+            Err((at, errno)) => {
+                if !bad_wr.is_null() {
+                    // SAFETY: the caller passes a writable pointer slot.
+                    unsafe { *bad_wr = at };
+                }
+                errno
+            }
+        }
+    })
+}
+
+// ---- address handles --------------------------------------------------
+
+/// `ibv_ah` and its rverbs AH.
+#[repr(C)]
+pub(crate) struct Ah {
+    pub(crate) ibv: ibv_ah,
+    pub(crate) rust: Option<AddressHandle>,
+}
+
+unsafe fn ah_ref<'a>(ah: *mut ibv_ah) -> Option<&'a AddressHandle> {
+    // SAFETY: per the caller: a live AH from ibv_create_ah*, or NULL.
+    unsafe { wrapper::<_, Ah>(ah) }.and_then(|w| w.rust.as_ref())
+}
+
+fn new_ah(pd: *mut ibv_pd, attr: Option<AhAttr>) -> *mut ibv_ah {
+    // SAFETY: a PD from ibv_alloc_pd, or NULL.
+    let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let Some(attr) = attr else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    match rust_pd.create_ah(&attr) {
+        Ok(rust) => {
+            let ibv = ibv_ah {
+                // SAFETY: pd is live.
+                context: unsafe { (*pd).context },
+                pd,
+                handle: rust.handle() as u32,
+            };
+            Box::into_raw(Box::new(Ah {
+                ibv,
+                rust: Some(rust),
+            }))
+            .cast()
+        }
+        Err(e) => {
+            set_errno(errno_of(&e));
+            ptr::null_mut()
+        }
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_create_ah`: RoCE needs `is_global` and a GRH (EINVAL without).
+    pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+        guard(ptr::null_mut(), || {
+            // SAFETY: the caller passes a readable ibv_ah_attr (or NULL).
+            let a = unsafe { attr.as_ref() }.and_then(ah_attr);
+            new_ah(pd, a)
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_destroy_ah`.
+    pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+        guard(libc::EIO, || {
+            if ah.is_null() {
+                return libc::EINVAL;
+            }
+            let w = ah.cast::<Ah>();
+            // SAFETY: an AH from ibv_create_ah*, not destroyed.
+            let wr = unsafe { &mut *w };
+            let Some(rust) = wr.rust.take() else {
+                return libc::EINVAL;
+            };
+            match rust.destroy() {
+                Ok(()) => {
+                    // SAFETY: made by Box::into_raw; freed once.
+                    drop(unsafe { Box::from_raw(w) });
+                    0
+                }
+                Err(rejected) => {
+                    let errno = rejected.error().errno();
+                    wr.rust = Some(rejected.into_inner());
+                    errno
+                }
+            }
+        })
+    }
+}
+
+/// The address vector answering a received UD message.
+///
+/// # Safety
+/// `wc` and `grh` must be readable (`grh`: 40 bytes) or NULL.
+unsafe fn attr_from_wc(
+    context: *mut ibv_context,
+    wc: *const ibv_wc,
+    grh: *const ibv_grh,
+) -> Result<AhAttr, c_int> {
+    // SAFETY: a context this library opened, or NULL.
+    let ctx = unsafe { context_ref(context) }.ok_or(libc::EINVAL)?;
+    // SAFETY: per the caller.
+    let wc = unsafe { wc.as_ref() }.ok_or(libc::EINVAL)?;
+    if grh.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the caller, 40 readable bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(grh.cast::<u8>(), 40) };
+    let mut r = rverbs::WorkCompletion::default();
+    r.wc_flags = rverbs::WcFlags::from_bits_truncate(wc.wc_flags);
+    r.sl = wc.sl;
+    AddressHandle::attr_from_wc(&ctx.rust, &r, bytes).map_err(|e| errno_of(&e))
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_init_ah_from_wc`: 0 or an errno.
+    pub unsafe extern "C" fn ibv_init_ah_from_wc(
+        context: *mut ibv_context,
+        _port_num: u8,
+        wc: *mut ibv_wc,
+        grh: *mut ibv_grh,
+        ah_attr_out: *mut ibv_ah_attr,
+    ) -> c_int {
+        guard(libc::EIO, || {
+            if ah_attr_out.is_null() {
+                return libc::EINVAL;
+            }
+            // SAFETY: the caller passes a WC and the GRH of its buffer.
+            match unsafe { attr_from_wc(context, wc, grh) } {
+                Ok(a) => {
+                    // SAFETY: the caller passes a writable ibv_ah_attr.
+                    unsafe { ah_attr_out.write(c_ah_attr(&a)) };
+                    0
+                }
+                Err(e) => e,
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_create_ah_from_wc`.
+    pub unsafe extern "C" fn ibv_create_ah_from_wc(
+        pd: *mut ibv_pd,
+        wc: *mut ibv_wc,
+        grh: *mut ibv_grh,
+        _port_num: u8,
+    ) -> *mut ibv_ah {
+        guard(ptr::null_mut(), || {
+            if pd.is_null() {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+            // SAFETY: pd is a live PD; the caller passes a WC and its GRH.
+            let a = unsafe { attr_from_wc((*pd).context, wc, grh) };
+            match a {
+                Ok(a) => new_ah(pd, Some(a)),
+                Err(e) => {
+                    set_errno(e);
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+}
+
+// ---- multicast --------------------------------------------------------
+
+export! { "IBVERBS_1.1"
+    /// `ibv_attach_mcast`.
+    pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: a QP from ibv_create_qp, or NULL; a readable GID.
+            let (Some(rust), Some(g)) = (unsafe { qp_ref(qp) }, unsafe { gid.as_ref() }) else {
+                return libc::EINVAL;
+            };
+            match rust.attach_mcast(gid_of(g), lid) {
+                Ok(()) => 0,
+                Err(e) => errno_of(&e),
+            }
+        })
+    }
+}
+
+export! { "IBVERBS_1.1"
+    /// `ibv_detach_mcast`.
+    pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+        guard(libc::EIO, || {
+            // SAFETY: a QP from ibv_create_qp, or NULL; a readable GID.
+            let (Some(rust), Some(g)) = (unsafe { qp_ref(qp) }, unsafe { gid.as_ref() }) else {
+                return libc::EINVAL;
+            };
+            match rust.detach_mcast(gid_of(g), lid) {
+                Ok(()) => 0,
+                Err(e) => errno_of(&e),
+            }
+        })
+    }
+}
