@@ -2075,3 +2075,28 @@ fn a_request_the_responder_does_not_allow_raises_qp_req_err() {
     drop(ev);
     assert_eq!(b.qp.state(), QpState::Err);
 }
+
+#[test]
+fn destroying_a_qp_right_after_its_last_receive_still_acknowledges_it() {
+    // A busy poller's pass holds the ACK of what it received back (to ride
+    // with a reply); destroying the QP at once must still send it, or the
+    // sender retries into RETRY_EXC_ERR (ibv_rc_pingpong's last message).
+    for round in 0..20 {
+        let (a, b) = pair(Opts::default(), Opts::default());
+        b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 64)]))
+            .unwrap();
+        let s = [sge(&a.mr, 0, 64)];
+        a.qp.post_send(&SendWr::new(2, WrOpcode::Send, &s).signaled())
+            .unwrap();
+        let got = wait(&b.rcq, 1, "receive");
+        assert_eq!(got[0].status, WcStatus::Success);
+        let Side { qp, .. } = b;
+        qp.destroy().unwrap();
+        let sent = wait(&a.scq, 1, "send");
+        assert_eq!(
+            ids_and_status(&sent),
+            [(2, WcStatus::Success)],
+            "round {round}"
+        );
+    }
+}

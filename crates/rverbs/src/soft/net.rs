@@ -451,9 +451,21 @@ impl Engine {
     }
 
     /// Takes a QP off the wire; its outstanding work is dropped unreported,
-    /// as destroying a QP does.
-    pub(crate) fn remove_qp(&self, qpn: u32) {
+    /// as destroying a QP does. An ACK it still holds back goes out first:
+    /// a NIC would have acknowledged the last message before the program
+    /// even saw it, and a peer left without that ACK retries until it gives
+    /// up (RETRY_EXC_ERR).
+    pub(crate) fn remove_qp(&self, mrs: &MrTable, qpn: u32) {
         let mut st = self.lock();
+        if st
+            .qps
+            .get(&qpn)
+            .and_then(|s| s.rc.as_ref())
+            .is_some_and(RcQp::holds_ack)
+        {
+            mark_dirty(&mut st, qpn);
+            flush(&mut st, mrs, Instant::now(), AckPolicy::Now);
+        }
         if detach(&mut st, qpn, None) {
             self.groups_changed.fetch_add(1, Ordering::SeqCst);
             // The engine thread's copy of a closed group's socket keeps the

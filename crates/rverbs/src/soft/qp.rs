@@ -88,7 +88,8 @@ impl QpCore {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.ctx.device.engine.remove_qp(self.qpn);
+        let dev = &self.ctx.device;
+        dev.engine.remove_qp(&dev.mrs, self.qpn);
         let me: *const QpCore = self;
         self.ctx
             .async_events
