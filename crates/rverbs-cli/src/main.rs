@@ -1,7 +1,7 @@
 //! `rverbs`: the command-line face of rverbs — list and inspect the software
 //! RoCE devices, measure them against TCP and UDP (`bench`), ping-pong over
-//! RC, UC, UD and SRQs (`pingpong`), decode captures (`run` arrives with the
-//! C ABI).
+//! RC, UC, UD and SRQs (`pingpong`), decode captures, and run unmodified C
+//! verbs programs on the drop-in libibverbs (`run`).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -31,6 +31,9 @@ enum Command {
     /// Ping-pong SENDs between a server and a client over RC, UC or UD QPs,
     /// optionally on an SRQ (like ibv_rc/uc/ud/srq_pingpong).
     Pingpong(cmd::pingpong::PingpongArgs),
+    /// Run an unmodified C verbs program (ibv_rc_pingpong, ib_write_bw …)
+    /// on rverbs: `rverbs run -- PROGRAM ARGS…`.
+    Run(cmd::run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Devinfo(args) => cmd::devinfo::devinfo(&args, &mut out),
         Command::Bench(args) => cmd::bench::bench(&args, &mut out).map(|_| ()),
         Command::Pingpong(args) => cmd::pingpong::pingpong(&args, &mut out).map(|_| ()),
+        Command::Run(args) => cmd::run::run(&args, &mut out),
         Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
             let _ = out.flush();
             eprintln!(

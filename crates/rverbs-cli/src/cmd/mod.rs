@@ -4,3 +4,4 @@ pub mod bench;
 pub mod decode;
 pub mod devinfo;
 pub mod pingpong;
+pub mod run;
