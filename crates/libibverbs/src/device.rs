@@ -265,10 +265,17 @@ export! { "IBVERBS_1.1"
                 return -1;
             };
             open.swap_remove(i);
+            if leak_check() {
+                report_leaks(ctx, "at ibv_close_device");
+            }
             // SAFETY: the Context was made by Box::into_raw in
             // ibv_open_device and was still listed as open: this is its one
             // close. The list's lock is held, so no ack looks at it now.
-            drop(unsafe { Box::from_raw(at) });
+            let closed = unsafe { Box::from_raw(at) };
+            if leak_check() && !closed.rust.live_resources().is_empty() {
+                // Its objects keep it alive anyway; exit reports them again.
+                lock_leaked().push(closed.rust);
+            }
             0
         })
     }
@@ -764,4 +771,65 @@ fn key_of(ev: &AsyncEvent) -> ElementKey {
         AsyncEventElement::Port(p) => ElementKey::Port(p),
         _ => ElementKey::Device,
     }
+}
+
+/// `RVERBS_LEAK_CHECK` is set (and not "0"): `ibv_close_device` and
+/// process exit report every object still alive.
+fn leak_check() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var_os("RVERBS_LEAK_CHECK").is_some_and(|v| v != "0" && !v.is_empty())
+    })
+}
+
+/// Contexts closed with objects still alive, reported again at exit if
+/// those are still alive then.
+fn lock_leaked() -> std::sync::MutexGuard<'static, Vec<rverbs::Context>> {
+    static LEAKED: OnceLock<Mutex<Vec<rverbs::Context>>> = OnceLock::new();
+    LEAKED
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn report_leaks(ctx: &Context, when: &str) {
+    report_context_leaks(&ctx.rust, when);
+}
+
+fn report_context_leaks(ctx: &rverbs::Context, when: &str) {
+    let dev = ctx.device();
+    for r in ctx.live_resources() {
+        eprintln!(
+            "rverbs: leak {when}: {} {} of context {} on {} is still alive",
+            r.kind.name(),
+            r.handle,
+            ctx.handle(),
+            dev.name()
+        );
+    }
+}
+
+/// At process exit (with `RVERBS_LEAK_CHECK`): contexts never closed, and
+/// what is still alive of every context.
+pub(crate) extern "C" fn report_leaks_at_exit() {
+    if !leak_check() {
+        return;
+    }
+    let _ = guard((), || {
+        let open = open_contexts();
+        for &at in open.iter() {
+            // SAFETY: listed contexts are open (the list's lock is held).
+            let ctx = unsafe { &*(at as *const Context) };
+            eprintln!(
+                "rverbs: leak at exit: context {} on {} was never closed",
+                ctx.rust.handle(),
+                ctx.rust.device().name()
+            );
+            report_leaks(ctx, "at exit");
+        }
+        drop(open);
+        for ctx in lock_leaked().iter() {
+            report_context_leaks(ctx, "at exit");
+        }
+    });
 }

@@ -132,6 +132,9 @@ pub static VERBS_ALLOW_DISASSOCIATE_DESTROY: AtomicBool = AtomicBool::new(false)
 extern "C" fn at_load() {
     let allow = rverbs::soft::device::allow_disassoc_destroy();
     VERBS_ALLOW_DISASSOCIATE_DESTROY.store(allow, Ordering::Relaxed);
+    // SAFETY: registers a plain extern "C" function with no arguments, as
+    // atexit takes; it catches its own panics.
+    unsafe { libc::atexit(crate::device::report_leaks_at_exit) };
 }
 
 #[used]

@@ -28,3 +28,48 @@ fn seed_man_pages_events_and_error_paths_hold_in_c() {
         assert!(ok, "{text}");
     }
 }
+
+#[test]
+fn rverbs_leak_check_names_what_was_left_alive() {
+    let Some((ok, quiet)) = run_c("leaks", include_str!("c/leaks.c"), &[]) else {
+        return;
+    };
+    assert!(ok, "{quiet}");
+    assert!(
+        !quiet.contains("rverbs: leak"),
+        "no report unless asked: {quiet}"
+    );
+    let (ok, text) = run_c(
+        "leaks",
+        include_str!("c/leaks.c"),
+        &[("RVERBS_LEAK_CHECK", "1")],
+    )
+    .expect("compiled above");
+    assert!(ok, "{text}");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("rverbs: leak"))
+        .collect();
+    let at_close: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("at ibv_close_device"))
+        .collect();
+    assert_eq!(at_close.len(), 2, "{text}");
+    assert!(at_close.iter().any(|l| l.contains(": PD ")), "{text}");
+    assert!(at_close.iter().any(|l| l.contains(": CQ ")), "{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("at exit") && l.contains("was never closed")),
+        "{text}"
+    );
+    // The closed context's objects are still alive at exit.
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains("at exit") && l.contains("is still alive"))
+            .count()
+            >= 2,
+        "{text}"
+    );
+}

@@ -47,7 +47,10 @@ fn runs_an_unmodified_ibv_devices() {
         return;
     }
     if !Path::new("/usr/bin/ibv_devices").exists() {
-        assert!(std::env::var_os("CI").is_none(), "ibverbs-utils missing in CI");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ibverbs-utils missing in CI"
+        );
         eprintln!("skipped: ibverbs-utils not installed");
         return;
     }

@@ -169,6 +169,11 @@ impl Context {
         self.core.ledger.counts()
     }
 
+    /// The context's handle (unique on the device).
+    pub fn handle(&self) -> u64 {
+        self.core.handle
+    }
+
     /// Every object made through this context still alive, with its handle.
     pub fn live_resources(&self) -> Vec<LiveResource> {
         self.core.ledger.list()
