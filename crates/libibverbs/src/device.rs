@@ -815,7 +815,7 @@ pub(crate) extern "C" fn report_leaks_at_exit() {
     if !leak_check() {
         return;
     }
-    let _ = guard((), || {
+    guard((), || {
         let open = open_contexts();
         for &at in open.iter() {
             // SAFETY: listed contexts are open (the list's lock is held).
