@@ -218,6 +218,8 @@ export! { "IBVERBS_1.1"
             let mut vctx = verbs_context::default();
             vctx.sz = std::mem::size_of::<verbs_context>();
             vctx.query_port = Some(verbs_query_port);
+            vctx.query_device_ex = Some(query_device_ex);
+            vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
             let c = &mut vctx.context;
             c.device = device;
             c.cmd_fd = -1;
@@ -352,6 +354,45 @@ export! { "IBVERBS_1.1"
             }
         })
     }
+}
+
+/// `verbs_context.query_device_ex` (behind the inline
+/// `ibv_query_device_ex`): the classic attributes, and no extended
+/// capabilities (ODP, TSO, RSS, packet pacing, tag matching: none).
+unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a context this library opened, or NULL.
+        let Some(ctx) = (unsafe { context_ref(context) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller passes a readable input, or NULL.
+        if unsafe { input.as_ref() }.is_some_and(|i| i.comp_mask != 0) {
+            return libc::EINVAL;
+        }
+        if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        match device_attr_of(ctx) {
+            Ok(a) => {
+                let mut ex = ibv_device_attr_ex::default();
+                ex.orig_attr = a;
+                let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
+                // SAFETY: the caller's buffer holds attr_size bytes; at most
+                // that many are copied from a local.
+                unsafe {
+                    ptr::write_bytes(attr.cast::<u8>(), 0, n);
+                    ptr::copy_nonoverlapping(ptr::from_ref(&ex).cast::<u8>(), attr.cast::<u8>(), n);
+                }
+                0
+            }
+            Err(e) => e,
+        }
+    })
 }
 
 fn device_attr_of(ctx: &Context) -> Result<ibv_device_attr, c_int> {

@@ -2,8 +2,9 @@
 //! lists of `ibv_send_wr` / `ibv_recv_wr` become rverbs work requests, and a
 //! refused one is reported through `bad_wr` as libibverbs does.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::ptr;
+use std::sync::Mutex;
 
 use rverbs::{
     AccessFlags, AddressHandle, AhAttr, Gid, Mtu, Payload, QpAttr, QpAttrMask, QpCaps, QpState,
@@ -119,11 +120,36 @@ unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
 
 // ---- queue pairs ------------------------------------------------------
 
-/// `ibv_qp` and its rverbs QP.
+/// `ibv_qp` (inside the `ibv_qp_ex` the extended API uses) and its rverbs
+/// QP, with the batch of work requests the `wr_*` calls are building.
 #[repr(C)]
 pub(crate) struct Qp {
-    pub(crate) ibv: ibv_qp,
+    pub(crate) ibv: ibv_qp_ex,
     pub(crate) rust: Option<QueuePair>,
+    /// Created with send ops (`ibv_create_qp_ex`): `ibv_qp_to_qp_ex` gives
+    /// the `ibv_qp_ex`.
+    extended: bool,
+    batch: Mutex<Batch>,
+}
+
+/// Work requests between `wr_start` and `wr_complete`.
+#[derive(Default)]
+struct Batch {
+    open: bool,
+    wrs: Vec<PendingWr>,
+    /// A builder call came without a WR to apply to, or with bad values:
+    /// `wr_complete` fails with this.
+    error: Option<c_int>,
+}
+
+/// One work request of a batch.
+struct PendingWr {
+    wr_id: u64,
+    flags: SendFlags,
+    opcode: WrOpcode,
+    sges: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+    ud: Option<(*mut ibv_ah, u32, u32)>,
 }
 
 unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a QueuePair> {
@@ -131,80 +157,186 @@ unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a QueuePair> {
     unsafe { wrapper::<_, Qp>(qp) }.and_then(|w| w.rust.as_ref())
 }
 
+/// What `ibv_create_qp` and `ibv_create_qp_ex` share.
+struct CreateQp {
+    pd: *mut ibv_pd,
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: ibv_qp_cap,
+    qp_type: u32,
+    sq_sig_all: bool,
+    extended: bool,
+}
+
+/// Creates a QP; on success `cap` holds the sizes it got.
+fn create_qp(c: &mut CreateQp) -> *mut ibv_qp {
+    // SAFETY: a PD from ibv_alloc_pd, or NULL.
+    let Some(rust_pd) = (unsafe { pd_ref(c.pd) }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let qp_type = match c.qp_type {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        _ => {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+    };
+    // SAFETY: CQs from ibv_create_cq (or NULL, refused).
+    let (Some(scq), Some(rcq)) = (unsafe { cq_ref(c.send_cq) }, unsafe { cq_ref(c.recv_cq) })
+    else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    // SAFETY: an SRQ from ibv_create_srq, or NULL.
+    let srq = unsafe { srq_ref(c.srq) };
+    if !c.srq.is_null() && srq.is_none() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let mut ibv = ibv_qp_ex::default();
+    let base = &mut ibv.qp_base;
+    // SAFETY: pd is live (checked above).
+    base.context = unsafe { (*c.pd).context };
+    base.qp_context = c.qp_context;
+    base.pd = c.pd;
+    base.send_cq = c.send_cq;
+    base.recv_cq = c.recv_cq;
+    base.srq = c.srq;
+    base.qp_type = c.qp_type;
+    base.state = IBV_QPS_RESET;
+    if c.extended {
+        fill_wr_ops(&mut ibv);
+    }
+    let qp = Box::into_raw(Box::new(Qp {
+        ibv,
+        rust: None,
+        extended: c.extended,
+        batch: Mutex::new(Batch::default()),
+    }));
+    let mut b = rust_pd
+        .qp_builder(scq, rcq)
+        .qp_type(qp_type)
+        .caps(caps(&c.cap))
+        .sq_sig_all(c.sq_sig_all)
+        .user_data(qp as u64);
+    if let Some(s) = srq {
+        b = b.srq(s);
+    }
+    match b.build() {
+        Ok(rust) => {
+            c.cap = c_caps(&rust.caps());
+            // SAFETY: just made; not handed out yet.
+            let w = unsafe { &mut *qp };
+            w.ibv.qp_base.handle = rust.handle() as u32;
+            w.ibv.qp_base.qp_num = rust.qp_num();
+            w.rust = Some(rust);
+            qp.cast()
+        }
+        Err(e) => {
+            // SAFETY: made above, never handed out.
+            drop(unsafe { Box::from_raw(qp) });
+            set_errno(errno_of(&e));
+            ptr::null_mut()
+        }
+    }
+}
+
 export! { "IBVERBS_1.1"
     /// `ibv_create_qp`: RC, UC or UD; `init_attr->cap` comes back with the
     /// sizes the QP got.
     pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
         guard(ptr::null_mut(), || {
-            // SAFETY: a PD from ibv_alloc_pd, or NULL.
-            let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
-            };
             // SAFETY: the caller passes a readable ibv_qp_init_attr.
             let Some(attr) = (unsafe { init_attr.as_mut() }) else {
                 set_errno(libc::EINVAL);
                 return ptr::null_mut();
             };
-            let qp_type = match attr.qp_type {
-                IBV_QPT_RC => QpType::Rc,
-                IBV_QPT_UC => QpType::Uc,
-                IBV_QPT_UD => QpType::Ud,
-                _ => {
-                    set_errno(libc::EOPNOTSUPP);
-                    return ptr::null_mut();
-                }
+            let mut c = CreateQp {
+                pd,
+                qp_context: attr.qp_context,
+                send_cq: attr.send_cq,
+                recv_cq: attr.recv_cq,
+                srq: attr.srq,
+                cap: attr.cap,
+                qp_type: attr.qp_type,
+                sq_sig_all: attr.sq_sig_all != 0,
+                extended: false,
             };
-            // SAFETY: CQs from ibv_create_cq (or NULL, refused).
-            let (Some(scq), Some(rcq)) = (unsafe { cq_ref(attr.send_cq) }, unsafe { cq_ref(attr.recv_cq) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
-            };
-            // SAFETY: an SRQ from ibv_create_srq, or NULL.
-            let srq = unsafe { srq_ref(attr.srq) };
-            if !attr.srq.is_null() && srq.is_none() {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
-            }
-            // SAFETY: pd is live (checked above).
-            let context = unsafe { (*pd).context };
-            let mut ibv = ibv_qp::default();
-            ibv.context = context;
-            ibv.qp_context = attr.qp_context;
-            ibv.pd = pd;
-            ibv.send_cq = attr.send_cq;
-            ibv.recv_cq = attr.recv_cq;
-            ibv.srq = attr.srq;
-            ibv.qp_type = attr.qp_type;
-            ibv.state = IBV_QPS_RESET;
-            let qp = Box::into_raw(Box::new(Qp { ibv, rust: None }));
-            let mut b = rust_pd
-                .qp_builder(scq, rcq)
-                .qp_type(qp_type)
-                .caps(caps(&attr.cap))
-                .sq_sig_all(attr.sq_sig_all != 0)
-                .user_data(qp as u64);
-            if let Some(s) = srq {
-                b = b.srq(s);
-            }
-            match b.build() {
-                Ok(rust) => {
-                    attr.cap = c_caps(&rust.caps());
-                    // SAFETY: just made; not handed out yet.
-                    let w = unsafe { &mut *qp };
-                    w.ibv.handle = rust.handle() as u32;
-                    w.ibv.qp_num = rust.qp_num();
-                    w.rust = Some(rust);
-                    qp.cast()
-                }
-                Err(e) => {
-                    // SAFETY: made above, never handed out.
-                    drop(unsafe { Box::from_raw(qp) });
-                    set_errno(errno_of(&e));
-                    ptr::null_mut()
-                }
-            }
+            let qp = create_qp(&mut c);
+            attr.cap = c.cap;
+            qp
         })
+    }
+}
+
+/// The send operations the extended API supports.
+const SEND_OPS: ibv_qp_create_send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+/// `verbs_context.create_qp_ex` (behind the inline `ibv_create_qp_ex`): a
+/// PD is required; with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS the QP takes the
+/// `wr_*` API for the operations above (others: EOPNOTSUPP); XRC, RSS,
+/// TSO and create flags are not supported.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the caller passes a readable ibv_qp_init_attr_ex.
+        let Some(a) = (unsafe { attr.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        if a.comp_mask & !known != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let extended = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if extended && a.send_ops_flags & !u64::from(SEND_OPS) != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let mut c = CreateQp {
+            pd: a.pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all != 0,
+            extended,
+        };
+        let qp = create_qp(&mut c);
+        a.cap = c.cap;
+        qp
+    })
+}
+
+export! { "IBVERBS_1.6"
+    /// `ibv_qp_to_qp_ex`: the `ibv_qp_ex` of a QP made with send ops, else
+    /// NULL.
+    pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+        // SAFETY: a QP from ibv_create_qp*, or NULL.
+        match unsafe { wrapper::<_, Qp>(qp) } {
+            Some(w) if w.extended => qp.cast(),
+            _ => ptr::null_mut(),
+        }
     }
 }
 
@@ -926,4 +1058,285 @@ export! { "IBVERBS_1.1"
             }
         })
     }
+}
+
+// ---- the extended post API (ibv_wr_*) ----------------------------------
+
+/// Fills the `wr_*` function pointers of a QP made with send ops.
+fn fill_wr_ops(q: &mut ibv_qp_ex) {
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+}
+
+/// Runs `f` on the batch of the QP behind `qp` (nothing for a NULL or
+/// foreign pointer).
+fn with_batch(qp: *mut ibv_qp_ex, f: impl FnOnce(&ibv_qp_ex, &mut Batch)) {
+    guard((), || {
+        // SAFETY: the extended API hands back the ibv_qp_ex of a QP from
+        // ibv_create_qp_ex, the first field of its wrapper.
+        let Some(w) = (unsafe { wrapper::<_, Qp>(qp) }) else {
+            return;
+        };
+        let mut b = crate::objects::lock(&w.batch);
+        f(&w.ibv, &mut b);
+    })
+}
+
+/// Starts a new WR of the batch with `opcode`, taking `wr_id` and
+/// `wr_flags` from the QP as the API does.
+fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode) {
+    with_batch(qp, |q, b| {
+        if !b.open {
+            b.error.get_or_insert(libc::EINVAL);
+            return;
+        }
+        let mut flags = SendFlags::empty();
+        if q.wr_flags & IBV_SEND_FENCE != 0 {
+            flags |= SendFlags::FENCE;
+        }
+        if q.wr_flags & IBV_SEND_SIGNALED != 0 {
+            flags |= SendFlags::SIGNALED;
+        }
+        if q.wr_flags & IBV_SEND_SOLICITED != 0 {
+            flags |= SendFlags::SOLICITED;
+        }
+        b.wrs.push(PendingWr {
+            wr_id: q.wr_id,
+            flags,
+            opcode,
+            sges: Vec::new(),
+            inline: None,
+            ud: None,
+        });
+    });
+}
+
+/// Applies `f` to the WR being built.
+fn current(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
+    with_batch(qp, |_, b| match b.wrs.last_mut() {
+        Some(w) if b.open => f(w),
+        _ => {
+            b.error.get_or_insert(libc::EINVAL);
+        }
+    });
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    with_batch(qp, |_, b| {
+        *b = Batch {
+            open: true,
+            ..Batch::default()
+        };
+    });
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    with_batch(qp, |_, b| *b = Batch::default());
+}
+
+/// Posts the batch: 0, or the errno of the first WR refused (those before
+/// it were posted, as with `ibv_post_send`).
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: as in with_batch.
+        let Some(w) = (unsafe { wrapper::<_, Qp>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Some(rust) = w.rust.as_ref() else {
+            return libc::EINVAL;
+        };
+        let batch = std::mem::take(&mut *crate::objects::lock(&w.batch));
+        if !batch.open {
+            return libc::EINVAL;
+        }
+        if let Some(e) = batch.error {
+            return e;
+        }
+        for p in &batch.wrs {
+            let payload = match &p.inline {
+                Some(bytes) => Payload::Inline(bytes),
+                None => Payload::Sges(&p.sges),
+            };
+            let mut wr = SendWr {
+                wr_id: p.wr_id,
+                opcode: p.opcode,
+                payload,
+                flags: p.flags,
+                ud: None,
+            };
+            if p.inline.is_some() {
+                wr.flags |= SendFlags::INLINE;
+            }
+            if let Some((ah, qpn, qkey)) = p.ud {
+                // SAFETY: an AH from ibv_create_ah, or NULL.
+                let Some(ah) = (unsafe { ah_ref(ah) }) else {
+                    return libc::EINVAL;
+                };
+                wr.ud = Some(UdAddress {
+                    ah,
+                    remote_qpn: qpn,
+                    remote_qkey: qkey,
+                });
+            }
+            if let Err(e) = rust.post_send(&wr) {
+                return errno_of(&e);
+            }
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    begin(qp, WrOpcode::Send);
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm_data: u32) {
+    begin(
+        qp,
+        WrOpcode::SendWithImm {
+            imm: u32::from_be(imm_data),
+        },
+    );
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    begin(qp, WrOpcode::RdmaWrite { remote_addr, rkey });
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm_data: u32,
+) {
+    begin(
+        qp,
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm: u32::from_be(imm_data),
+        },
+    );
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    begin(qp, WrOpcode::RdmaRead { remote_addr, rkey });
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    begin(
+        qp,
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    begin(
+        qp,
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    current(qp, |w| {
+        w.inline = None;
+        w.sges = vec![Sge { addr, length, lkey }];
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    let Ok(n) = c_int::try_from(num_sge) else {
+        return current(qp, |w| w.sges.clear());
+    };
+    // SAFETY: the caller passes num_sge entries.
+    let list = unsafe { sges(sg_list, n) };
+    current(qp, |w| {
+        w.inline = None;
+        w.sges = list.unwrap_or_default();
+    });
+}
+
+/// Copies inline data from the program's memory now, as the API requires
+/// (the buffers may be reused as soon as the call returns).
+unsafe fn copy_inline(bufs: &[ibv_data_buf]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in bufs {
+        if b.length > 0 && !b.addr.is_null() {
+            // SAFETY: the program passes readable buffers of these lengths.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length)
+            });
+        }
+    }
+    out
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    // SAFETY: a readable buffer of `length` bytes.
+    let bytes = unsafe { copy_inline(&[ibv_data_buf { addr, length }]) };
+    current(qp, |w| {
+        w.sges.clear();
+        w.inline = Some(bytes);
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const ibv_data_buf,
+) {
+    let bufs = if num_buf == 0 || buf_list.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the caller passes num_buf entries.
+        unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
+    };
+    // SAFETY: readable buffers, per the caller.
+    let bytes = unsafe { copy_inline(bufs) };
+    current(qp, |w| {
+        w.sges.clear();
+        w.inline = Some(bytes);
+    });
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    current(qp, |w| w.ud = Some((ah, remote_qpn, remote_qkey)));
 }

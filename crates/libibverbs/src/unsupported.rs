@@ -55,7 +55,6 @@ unsupported! {
     "IBVERBS_1.13" ptr ibv_import_dm;
     "IBVERBS_1.10" ptr ibv_import_mr;
     "IBVERBS_1.10" ptr ibv_import_pd;
-    "IBVERBS_1.6" ptr ibv_qp_to_qp_ex;
     "IBVERBS_1.10" int ibv_query_ece;
     "IBVERBS_1.14" int ibv_query_qp_data_in_order;
     "IBVERBS_1.0" neg ibv_read_sysfs_file;

@@ -208,6 +208,13 @@ fn ibv_rc_pingpong_event_mode() {
 }
 
 #[test]
+fn ibv_rc_pingpong_new_post_send_api() {
+    // -N: ibv_create_qp_ex with send ops, ibv_qp_to_qp_ex, ibv_wr_start /
+    // ibv_wr_send / ibv_wr_set_sge / ibv_wr_complete.
+    pingpong("ibv_rc_pingpong", &["-g", "0", "-N", "-n", "500"]);
+}
+
+#[test]
 fn ibv_uc_pingpong() {
     pingpong("ibv_uc_pingpong", &["-g", "0", "-n", "1000"]);
 }
