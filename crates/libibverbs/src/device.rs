@@ -220,6 +220,10 @@ export! { "IBVERBS_1.1"
             vctx.query_port = Some(verbs_query_port);
             vctx.query_device_ex = Some(query_device_ex);
             vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
+            // The inline ibv_close_xrcd calls through without a NULL check;
+            // no XRC domain can exist (open_xrcd is NULL), so it only
+            // answers EOPNOTSUPP.
+            vctx.close_xrcd = Some(close_xrcd);
             let c = &mut vctx.context;
             c.device = device;
             c.cmd_fd = -1;
@@ -354,6 +358,10 @@ export! { "IBVERBS_1.1"
             }
         })
     }
+}
+
+unsafe extern "C" fn close_xrcd(_xrcd: *mut ibv_xrcd) -> c_int {
+    libc::EOPNOTSUPP
 }
 
 /// `verbs_context.query_device_ex` (behind the inline

@@ -595,11 +595,20 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
 
 // ---- fork -------------------------------------------------------------
 
+/// A dontfork/dofork range call came first: `ibv_fork_init` is then too
+/// late (EINVAL), as in libibverbs.
+static RANGE_CALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 export! { "IBVERBS_1.1"
     /// `ibv_fork_init`: nothing to protect (the device reads and writes
-    /// memory with ordinary copies, so a fork cannot break it).
+    /// memory with ordinary copies, so a fork cannot break it); EINVAL after
+    /// a range call, as libibverbs.
     pub unsafe extern "C" fn ibv_fork_init() -> c_int {
-        0
+        if RANGE_CALLED.load(std::sync::atomic::Ordering::Relaxed) {
+            libc::EINVAL
+        } else {
+            0
+        }
     }
 }
 
@@ -613,6 +622,7 @@ export! { "IBVERBS_1.13"
 export! { "IBVERBS_1.1"
     /// `ibv_dontfork_range`: nothing to do.
     pub unsafe extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+        RANGE_CALLED.store(true, std::sync::atomic::Ordering::Relaxed);
         0
     }
 }
@@ -620,6 +630,7 @@ export! { "IBVERBS_1.1"
 export! { "IBVERBS_1.1"
     /// `ibv_dofork_range`: nothing to do.
     pub unsafe extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+        RANGE_CALLED.store(true, std::sync::atomic::Ordering::Relaxed);
         0
     }
 }

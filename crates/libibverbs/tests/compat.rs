@@ -272,3 +272,78 @@ fn perftest_latency() {
     perftest("ib_send_lat", &["-n", "500"]);
     perftest("ib_atomic_lat", &["-n", "500"]);
 }
+
+/// ibv_asyncwatch reports the port events of a device whose address goes
+/// away and comes back: run in a network namespace (root and iproute2; in
+/// CI they are there) on a veth address, through stdbuf so its lines
+/// arrive as printed.
+#[test]
+fn ibv_asyncwatch_sees_port_err_and_port_active() {
+    let (Some(watch), Some(ip), Some(stdbuf)) =
+        (tool("ibv_asyncwatch"), tool("ip"), tool("stdbuf"))
+    else {
+        return;
+    };
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    if !root {
+        assert!(std::env::var_os("CI").is_none(), "needs root in CI");
+        eprintln!("skipped: needs root");
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let run = |args: &[&str]| {
+        let o = Command::new(&ip).args(args).output().unwrap();
+        assert!(o.status.success(), "ip {args:?}: {o:?}");
+    };
+    let ns = format!("rvwatch{}", std::process::id());
+    struct Ns(PathBuf, String);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = Command::new(&self.0)
+                .args(["netns", "delete", &self.1])
+                .status();
+        }
+    }
+    run(&["netns", "add", &ns]);
+    let _ns = Ns(ip.clone(), ns.clone());
+    run(&[
+        "-n", &ns, "link", "add", "w0", "type", "veth", "peer", "name", "w1",
+    ]);
+    run(&["-n", &ns, "link", "set", "w0", "up"]);
+    run(&["-n", &ns, "link", "set", "w1", "up"]);
+    let addr = "10.99.8.1";
+    let cidr = format!("{addr}/24");
+    run(&["-n", &ns, "addr", "add", &cidr, "dev", "w0"]);
+    let lib = common::LibDir::new("asyncwatch");
+    let mut child = Command::new(&ip)
+        .args(["netns", "exec", &ns])
+        .arg(&stdbuf)
+        .arg("-oL")
+        .arg(&watch)
+        .env("LD_LIBRARY_PATH", &lib.0)
+        .env("RVERBS_ADDR", addr)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let _k = Killed(child);
+    let mut expect = |want: &str| loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("ibv_asyncwatch ended before {want:?}"))
+            .unwrap();
+        if line.contains(want) {
+            return line;
+        }
+    };
+    expect("async event FD");
+    run(&["-n", &ns, "addr", "del", &cidr, "dev", "w0"]);
+    let err = expect("PORT_ERR");
+    assert!(err.contains("port 1"), "{err}");
+    run(&["-n", &ns, "addr", "add", &cidr, "dev", "w0"]);
+    let active = expect("PORT_ACTIVE");
+    assert!(active.contains("port 1"), "{active}");
+}

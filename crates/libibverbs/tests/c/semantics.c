@@ -221,6 +221,11 @@ int main(void)
 	CHECK(left != NULL, "pd");
 	CHECK(ibv_close_device(ctx) == 0, "close with a PD alive");
 	ibv_free_device_list(list);
+
+	/* ibv_fork_init: 0, but EINVAL once a range call came first. */
+	CHECK(ibv_fork_init() == 0, "fork_init");
+	CHECK(ibv_dontfork_range(buf, 4096) == 0, "dontfork_range");
+	CHECK(ibv_fork_init() == EINVAL, "fork_init after a range call");
 	free(buf);
 	if (failures) {
 		fprintf(stderr, "%d failures\n", failures);
