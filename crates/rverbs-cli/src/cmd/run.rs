@@ -39,9 +39,12 @@ pub fn lib_dir() -> anyhow::Result<PathBuf> {
     let link = dir.join("libibverbs.so.1");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     if std::fs::read_link(&link).ok().as_deref() != Some(Path::new("../libibverbs.so")) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink("../libibverbs.so", &link)
-            .with_context(|| format!("linking {}", link.display()))?;
+        // Made beside and renamed over: several rverbs at once all succeed.
+        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink("../libibverbs.so", &tmp)
+            .with_context(|| format!("linking {}", tmp.display()))?;
+        std::fs::rename(&tmp, &link).with_context(|| format!("linking {}", link.display()))?;
     }
     Ok(dir)
 }
