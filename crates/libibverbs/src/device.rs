@@ -451,8 +451,18 @@ export! { "IBVERBS_1.1"
             }
             match port_attr(ctx, port_num) {
                 Ok(a) => {
-                    // SAFETY: the caller passes a writable ibv_port_attr.
-                    unsafe { port_attr_out.write(a) };
+                    // The exported function takes the old, 48-byte struct
+                    // (verbs.h passes a `_compat_ibv_port_attr`); the inline
+                    // wrapper zeroed the rest of a new one.
+                    // SAFETY: the caller passes at least 48 writable bytes;
+                    // they are copied from a local.
+                    unsafe {
+                        ptr::copy_nonoverlapping(
+                            ptr::from_ref(&a).cast::<u8>(),
+                            port_attr_out.cast::<u8>(),
+                            COMPAT_PORT_ATTR_LEN,
+                        )
+                    };
                     0
                 }
                 Err(e) => e,
@@ -460,6 +470,10 @@ export! { "IBVERBS_1.1"
         })
     }
 }
+
+/// Bytes of the `_compat_ibv_port_attr` the exported `ibv_query_port`
+/// fills: `ibv_port_attr` up to `port_cap_flags2`.
+const COMPAT_PORT_ATTR_LEN: usize = std::mem::offset_of!(ibv_port_attr, port_cap_flags2);
 
 /// `verbs_context.query_port`, which the inline `ibv_query_port` calls:
 /// fills at most `port_attr_len` bytes.
@@ -480,9 +494,10 @@ unsafe extern "C" fn verbs_query_port(
         match port_attr(ctx, port_num) {
             Ok(a) => {
                 let n = port_attr_len.min(std::mem::size_of::<ibv_port_attr>());
-                // SAFETY: the caller's buffer holds port_attr_len bytes; we
-                // copy at most that many from a local.
+                // SAFETY: the caller's buffer holds port_attr_len bytes; it
+                // is zeroed, then at most that many are copied from a local.
                 unsafe {
+                    ptr::write_bytes(port_attr_out.cast::<u8>(), 0, port_attr_len);
                     ptr::copy_nonoverlapping(
                         ptr::from_ref(&a).cast::<u8>(),
                         port_attr_out.cast::<u8>(),
@@ -797,7 +812,9 @@ export! { "IBVERBS_1.1"
                     .iter()
                     .position(|p| p.event_type() as u32 == ev.event_type && key_of(p) == element)
                 {
-                    drop(pending.remove(i));
+                    let acked = pending.remove(i);
+                    bump_event_counter(acked.as_ref());
+                    drop(acked);
                     return;
                 }
             }
@@ -881,4 +898,26 @@ pub(crate) extern "C" fn report_leaks_at_exit() {
             report_context_leaks(ctx, "at exit");
         }
     });
+}
+
+/// `ibv_ack_async_event` counts the event in its object's C struct
+/// (`async_events_completed` of a CQ, `events_completed` of a QP or SRQ),
+/// as libibverbs does.
+fn bump_event_counter(ev: Option<&AsyncEvent>) {
+    let Some(ev) = ev else { return };
+    let at: *mut u32 = match ev.element() {
+        // SAFETY (all three): the user data is the C object, alive while it
+        // has an unacknowledged event (its destroy waits for this ack).
+        AsyncEventElement::Cq { user_data, .. } => unsafe {
+            ptr::addr_of_mut!((*(user_data as *mut ibv_cq)).async_events_completed)
+        },
+        AsyncEventElement::Qp { user_data, .. } => unsafe {
+            ptr::addr_of_mut!((*(user_data as *mut ibv_qp)).events_completed)
+        },
+        AsyncEventElement::Srq { user_data, .. } => unsafe {
+            ptr::addr_of_mut!((*(user_data as *mut ibv_srq)).events_completed)
+        },
+        _ => return,
+    };
+    crate::objects::counter(at).fetch_add(1, std::sync::atomic::Ordering::AcqRel);
 }

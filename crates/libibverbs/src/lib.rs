@@ -5,7 +5,8 @@
 //! Each exported function is a Rust function with an `rverbs_`-prefixed
 //! symbol, aliased with `.symver` to the C name at its version node (rustc
 //! passes its own version script, so a plain `#[no_mangle]` symbol would come
-//! out unversioned). Every one catches panics: none crosses into C.
+//! out unversioned). Every function that does work runs inside a panic
+//! guard; the rest only return constants. No panic crosses into C.
 
 #![allow(clippy::missing_safety_doc)]
 // C structs are zeroed, then filled field by field as verbs.h lists them.

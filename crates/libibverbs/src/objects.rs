@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use rverbs::{
@@ -31,6 +32,42 @@ pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
 /// into an errno).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Destroys the rverbs object in `slot` without taking it out first: if the
+/// destroy is refused, other threads may go on using the object (destroying
+/// a PD with MRs, or a CQ with QPs, is a legal EBUSY while another thread
+/// polls). The destroy runs on a bitwise copy; refused, the copy is
+/// forgotten and the slot is untouched; done, the slot is emptied without a
+/// drop (the copy was consumed).
+///
+/// # Safety
+/// `slot` must be the `rust` field of a live wrapper that no other thread
+/// destroys at the same time.
+pub(crate) unsafe fn destroy_in_place<T, K>(
+    slot: *mut Option<T>,
+    destroy: impl FnOnce(T) -> Result<K, rverbs::Rejected<T>>,
+) -> Result<(), c_int> {
+    // SAFETY: per the caller, a live field.
+    let Some(obj) = (unsafe { (*slot).as_ref() }) else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: a bitwise copy; exactly one of it and the original is
+    // dropped or consumed below.
+    let copy = unsafe { ptr::read(obj) };
+    match destroy(copy) {
+        Ok(_) => {
+            // SAFETY: the original was consumed through its copy: overwrite
+            // it without dropping.
+            unsafe { ptr::write(slot, None) };
+            Ok(())
+        }
+        Err(rejected) => {
+            let (e, copy) = rejected.into_parts();
+            std::mem::forget(copy);
+            Err(e.errno())
+        }
+    }
 }
 
 // ---- protection domains -----------------------------------------------
@@ -87,21 +124,13 @@ export! { "IBVERBS_1.1"
             }
             let pd = pd.cast::<Pd>();
             // SAFETY: a PD from ibv_alloc_pd, not yet deallocated.
-            let w = unsafe { &mut *pd };
-            let Some(rust) = w.rust.take() else {
-                return libc::EINVAL;
-            };
-            match rust.dealloc() {
+            match unsafe { destroy_in_place(ptr::addr_of_mut!((*pd).rust), ProtectionDomain::dealloc) } {
                 Ok(()) => {
                     // SAFETY: made by Box::into_raw in ibv_alloc_pd; freed once.
                     drop(unsafe { Box::from_raw(pd) });
                     0
                 }
-                Err(rejected) => {
-                    let errno = rejected.error().errno();
-                    w.rust = Some(rejected.into_inner());
-                    errno
-                }
+                Err(errno) => errno,
             }
         })
     }
@@ -149,6 +178,9 @@ fn reg_mr(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
+        // rdma-core 44's ibv_reg_mr marks the range don't-fork, which makes
+        // a later ibv_fork_init too late.
+        RANGE_CALLED.store(true, Ordering::Relaxed);
         // SAFETY: as ibv_reg_mr's contract says, the program keeps
         // addr..addr+length mapped and leaves it to the device until it
         // deregisters the MR (which C programs do before freeing).
@@ -227,23 +259,15 @@ export! { "IBVERBS_1.1"
                 return libc::EINVAL;
             }
             let mr = mr.cast::<Mr>();
-            // SAFETY: an MR from ibv_reg_mr*, not yet deregistered.
-            let w = unsafe { &mut *mr };
-            let Some(rust) = w.rust.take() else {
-                return libc::EINVAL;
-            };
-            match rust.dereg() {
-                // Foreign memory: nothing comes back.
-                Ok(_) => {
+            // SAFETY: an MR from ibv_reg_mr*, not yet deregistered. (Foreign
+            // memory: no buffer comes back.)
+            match unsafe { destroy_in_place(ptr::addr_of_mut!((*mr).rust), MemoryRegion::dereg) } {
+                Ok(()) => {
                     // SAFETY: made by Box::into_raw in reg_mr; freed once.
                     drop(unsafe { Box::from_raw(mr) });
                     0
                 }
-                Err(rejected) => {
-                    let errno = rejected.error().errno();
-                    w.rust = Some(rejected.into_inner());
-                    errno
-                }
+                Err(errno) => errno,
             }
         })
     }
@@ -296,27 +320,28 @@ export! { "IBVERBS_1.0"
             }
             let ch = channel.cast::<Channel>();
             // SAFETY: a channel from ibv_create_comp_channel, not destroyed.
-            let w = unsafe { &mut *ch };
-            if w.ibv.refcnt != 0 {
+            if refcnt(channel).load(Ordering::Acquire) != 0 {
                 return libc::EBUSY;
             }
-            let Some(rust) = w.rust.take() else {
-                return libc::EINVAL;
-            };
-            match rust.destroy() {
+            // SAFETY: as above.
+            match unsafe { destroy_in_place(ptr::addr_of_mut!((*ch).rust), CompletionChannel::destroy) } {
                 Ok(()) => {
                     // SAFETY: made by Box::into_raw; freed once.
                     drop(unsafe { Box::from_raw(ch) });
                     0
                 }
-                Err(rejected) => {
-                    let errno = rejected.error().errno();
-                    w.rust = Some(rejected.into_inner());
-                    errno
-                }
+                Err(errno) => errno,
             }
         })
     }
+}
+
+/// A channel's `refcnt`, updated atomically (CQs may be made and destroyed
+/// from several threads).
+fn refcnt<'a>(channel: *mut ibv_comp_channel) -> &'a AtomicI32 {
+    // SAFETY: `channel` is live (callers checked); the int is aligned and
+    // only ever accessed through this atomic view by this library.
+    unsafe { AtomicI32::from_ptr(ptr::addr_of_mut!((*channel).refcnt)) }
 }
 
 // ---- completion queues ------------------------------------------------
@@ -387,8 +412,7 @@ export! { "IBVERBS_1.1"
                     w.ibv.cqe = rust.cqe() as c_int;
                     w.rust = Some(rust);
                     if !channel.is_null() {
-                        // SAFETY: checked live above.
-                        unsafe { (*channel).refcnt += 1 };
+                        refcnt(channel).fetch_add(1, Ordering::AcqRel);
                     }
                     cq.cast()
                 }
@@ -436,34 +460,44 @@ export! { "IBVERBS_1.1"
             }
             let w = cq.cast::<Cq>();
             // SAFETY: a CQ from ibv_create_cq, not destroyed.
-            let wr = unsafe { &mut *w };
-            {
-                let mut pending = lock(&wr.pending);
-                while !pending.is_empty() {
-                    pending = wr.acked.wait(pending).unwrap_or_else(|p| p.into_inner());
-                }
-            }
-            let Some(rust) = wr.rust.take() else {
-                return libc::EINVAL;
-            };
-            match rust.destroy() {
-                Ok(()) => {
-                    let channel = wr.ibv.channel;
-                    if !channel.is_null() {
-                        // SAFETY: the channel outlives its CQs (its destroy
-                        // is refused while refcnt is not 0).
-                        unsafe { (*channel).refcnt -= 1 };
+            let wr = unsafe { &*w };
+            loop {
+                {
+                    let mut pending = lock(&wr.pending);
+                    while !pending.is_empty() {
+                        pending = wr.acked.wait(pending).unwrap_or_else(|p| p.into_inner());
                     }
-                    // SAFETY: made by Box::into_raw; freed once.
-                    drop(unsafe { Box::from_raw(w) });
-                    0
                 }
-                Err(rejected) => {
-                    let errno = rejected.error().errno();
-                    wr.rust = Some(rejected.into_inner());
-                    errno
+                // SAFETY: as above.
+                match unsafe { destroy_in_place(ptr::addr_of_mut!((*w).rust), CompletionQueue::destroy) } {
+                    Ok(()) => break,
+                    Err(libc::EBUSY) => {
+                        // An event read by another thread and not yet
+                        // handed over, or an async event of the CQ: wait for
+                        // their acknowledgement as libibverbs does. QPs
+                        // still using it: EBUSY.
+                        let Some(rust) = wr.rust.as_ref() else {
+                            return libc::EINVAL;
+                        };
+                        let (c_rep, c_ack) = rust.comp_events();
+                        let (a_rep, a_ack) = rust.async_events();
+                        if c_rep == c_ack && a_rep == a_ack {
+                            return libc::EBUSY;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(errno) => return errno,
                 }
             }
+            let channel = wr.ibv.channel;
+            if !channel.is_null() {
+                // The channel outlives its CQs (its destroy is refused while
+                // refcnt is not 0).
+                refcnt(channel).fetch_sub(1, Ordering::AcqRel);
+            }
+            // SAFETY: made by Box::into_raw; freed once.
+            drop(unsafe { Box::from_raw(w) });
+            0
         })
     }
 }
@@ -517,11 +551,20 @@ export! { "IBVERBS_1.1"
             for _ in 0..nevents {
                 drop(pending.pop_front());
             }
-            // SAFETY: live; the counter is only written under `pending`'s lock.
-            unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
+            // SAFETY: cq is live (checked above).
+            counter(unsafe { ptr::addr_of_mut!((*cq).comp_events_completed) })
+                .fetch_add(nevents, Ordering::AcqRel);
             w.acked.notify_all();
         })
     }
+}
+
+/// An event counter of a C object (`comp_events_completed`,
+/// `events_completed` …), updated atomically.
+pub(crate) fn counter<'a>(at: *mut u32) -> &'a AtomicU32 {
+    // SAFETY: `at` is a live, aligned counter field of a C object this
+    // library made; it is only ever accessed through this atomic view here.
+    unsafe { AtomicU32::from_ptr(at) }
 }
 
 /// Converts a completion to C's `ibv_wc` (immediate data in network order).

@@ -15,7 +15,7 @@ use rverbs_ibverbs::abi::*;
 
 use crate::device::context_ref;
 use crate::ffi::{errno_of, guard, set_errno};
-use crate::objects::{cq_ref, pd_ref, wrapper};
+use crate::objects::{cq_ref, destroy_in_place, pd_ref, wrapper};
 
 /// Fills the ops slots for posting.
 pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
@@ -129,6 +129,11 @@ pub(crate) struct Qp {
     /// Created with send ops (`ibv_create_qp_ex`): `ibv_qp_to_qp_ex` gives
     /// the `ibv_qp_ex`.
     extended: bool,
+    /// `sq_sig_all` as created (ibv_query_qp reports it).
+    sq_sig_all: bool,
+    /// Held from `wr_start` to `wr_complete` / `wr_abort`: the extended
+    /// API's critical section, one thread at a time per QP.
+    wr_owner: std::sync::atomic::AtomicBool,
     batch: Mutex<Batch>,
 }
 
@@ -216,6 +221,8 @@ fn create_qp(c: &mut CreateQp) -> *mut ibv_qp {
         ibv,
         rust: None,
         extended: c.extended,
+        sq_sig_all: c.sq_sig_all,
+        wr_owner: std::sync::atomic::AtomicBool::new(false),
         batch: Mutex::new(Batch::default()),
     }));
     let mut b = rust_pd
@@ -454,6 +461,7 @@ export! { "IBVERBS_1.1"
                 i.srq = c.srq;
                 i.cap = c_caps(&q.cap);
                 i.qp_type = c.qp_type;
+                i.sq_sig_all = c_int::from((*qp.cast::<Qp>()).sq_sig_all);
                 init_attr.write(i);
                 (*qp).state = q.qp_state as u32;
             }
@@ -471,33 +479,29 @@ export! { "IBVERBS_1.1"
                 return libc::EINVAL;
             }
             let w = qp.cast::<Qp>();
-            // SAFETY: a QP from ibv_create_qp, not destroyed.
-            let wr = unsafe { &mut *w };
-            let Some(rust) = wr.rust.take() else {
-                return libc::EINVAL;
-            };
-            let mut rust = rust;
             loop {
-                match rust.destroy() {
+                // SAFETY: a QP from ibv_create_qp, not destroyed.
+                match unsafe { destroy_in_place(ptr::addr_of_mut!((*w).rust), QueuePair::destroy) } {
                     Ok(()) => {
                         // SAFETY: made by Box::into_raw; freed once.
                         drop(unsafe { Box::from_raw(w) });
                         return 0;
                     }
-                    Err(rejected) => {
-                        let errno = rejected.error().errno();
-                        let q = rejected.into_inner();
-                        let (reported, acked) = q.async_events();
-                        if errno == libc::EBUSY && reported != acked {
-                            // As libibverbs: wait for the program to
-                            // acknowledge the QP's events.
-                            std::thread::sleep(std::time::Duration::from_millis(1));
-                            rust = q;
-                            continue;
+                    Err(libc::EBUSY) => {
+                        // SAFETY: refused: the wrapper is intact.
+                        let Some(rust) = (unsafe { (*w).rust.as_ref() }) else {
+                            return libc::EINVAL;
+                        };
+                        let (reported, acked) = rust.async_events();
+                        if reported == acked {
+                            // Attached to a multicast group.
+                            return libc::EBUSY;
                         }
-                        wr.rust = Some(q);
-                        return errno;
+                        // As libibverbs: wait for the program to acknowledge
+                        // the QP's events.
+                        std::thread::sleep(std::time::Duration::from_millis(1));
                     }
+                    Err(errno) => return errno,
                 }
             }
         })
@@ -731,6 +735,14 @@ export! { "IBVERBS_1.1"
                     // SAFETY: just made; not handed out yet.
                     let w = unsafe { &mut *srq };
                     w.ibv.handle = rust.handle() as u32;
+                    if let Ok(q) = rust.query() {
+                        // SAFETY: the caller's init_attr (readable above) is
+                        // writable too, as ibv_create_srq's contract says.
+                        unsafe {
+                            (*init_attr).attr.max_wr = q.max_wr;
+                            (*init_attr).attr.max_sge = q.max_sge;
+                        }
+                    }
                     w.rust = Some(rust);
                     srq.cast()
                 }
@@ -809,30 +821,26 @@ export! { "IBVERBS_1.1"
                 return libc::EINVAL;
             }
             let w = srq.cast::<Srq>();
-            // SAFETY: an SRQ from ibv_create_srq, not destroyed.
-            let wr = unsafe { &mut *w };
-            let Some(mut rust) = wr.rust.take() else {
-                return libc::EINVAL;
-            };
             loop {
-                match rust.destroy() {
+                // SAFETY: an SRQ from ibv_create_srq, not destroyed.
+                match unsafe { destroy_in_place(ptr::addr_of_mut!((*w).rust), SharedReceiveQueue::destroy) } {
                     Ok(()) => {
                         // SAFETY: made by Box::into_raw; freed once.
                         drop(unsafe { Box::from_raw(w) });
                         return 0;
                     }
-                    Err(rejected) => {
-                        let errno = rejected.error().errno();
-                        let s = rejected.into_inner();
+                    Err(libc::EBUSY) => {
+                        // SAFETY: refused: the wrapper is intact.
+                        let Some(s) = (unsafe { (*w).rust.as_ref() }) else {
+                            return libc::EINVAL;
+                        };
                         let (reported, acked) = s.async_events();
-                        if errno == libc::EBUSY && s.users() == 0 && reported != acked {
-                            std::thread::sleep(std::time::Duration::from_millis(1));
-                            rust = s;
-                            continue;
+                        if s.users() > 0 || reported == acked {
+                            return libc::EBUSY;
                         }
-                        wr.rust = Some(s);
-                        return errno;
+                        std::thread::sleep(std::time::Duration::from_millis(1));
                     }
+                    Err(errno) => return errno,
                 }
             }
         })
@@ -930,21 +938,13 @@ export! { "IBVERBS_1.1"
             }
             let w = ah.cast::<Ah>();
             // SAFETY: an AH from ibv_create_ah*, not destroyed.
-            let wr = unsafe { &mut *w };
-            let Some(rust) = wr.rust.take() else {
-                return libc::EINVAL;
-            };
-            match rust.destroy() {
+            match unsafe { destroy_in_place(ptr::addr_of_mut!((*w).rust), AddressHandle::destroy) } {
                 Ok(()) => {
                     // SAFETY: made by Box::into_raw; freed once.
                     drop(unsafe { Box::from_raw(w) });
                     0
                 }
-                Err(rejected) => {
-                    let errno = rejected.error().errno();
-                    wr.rust = Some(rejected.into_inner());
-                    errno
-                }
+                Err(errno) => errno,
             }
         })
     }
@@ -975,7 +975,7 @@ unsafe fn attr_from_wc(
 }
 
 export! { "IBVERBS_1.1"
-    /// `ibv_init_ah_from_wc`: 0 or an errno.
+    /// `ibv_init_ah_from_wc`: 0, or -1 with errno.
     pub unsafe extern "C" fn ibv_init_ah_from_wc(
         context: *mut ibv_context,
         _port_num: u8,
@@ -983,9 +983,10 @@ export! { "IBVERBS_1.1"
         grh: *mut ibv_grh,
         ah_attr_out: *mut ibv_ah_attr,
     ) -> c_int {
-        guard(libc::EIO, || {
+        guard(-1, || {
             if ah_attr_out.is_null() {
-                return libc::EINVAL;
+                set_errno(libc::EINVAL);
+                return -1;
             }
             // SAFETY: the caller passes a WC and the GRH of its buffer.
             match unsafe { attr_from_wc(context, wc, grh) } {
@@ -994,7 +995,10 @@ export! { "IBVERBS_1.1"
                     unsafe { ah_attr_out.write(c_ah_attr(&a)) };
                     0
                 }
-                Err(e) => e,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
             }
         })
     }
@@ -1135,6 +1139,19 @@ fn current(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    guard((), || {
+        // SAFETY: as in with_batch.
+        if let Some(w) = unsafe { wrapper::<_, Qp>(qp) } {
+            use std::sync::atomic::Ordering;
+            while w
+                .wr_owner
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                std::thread::yield_now();
+            }
+        }
+    });
     with_batch(qp, |_, b| {
         *b = Batch {
             open: true,
@@ -1145,11 +1162,27 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
 
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     with_batch(qp, |_, b| *b = Batch::default());
+    release_wr(qp);
+}
+
+/// Ends the `wr_start` critical section.
+fn release_wr(qp: *mut ibv_qp_ex) {
+    // SAFETY: as in with_batch.
+    if let Some(w) = unsafe { wrapper::<_, Qp>(qp) } {
+        w.wr_owner
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// Posts the batch: 0, or the errno of the first WR refused (those before
 /// it were posted, as with `ibv_post_send`).
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    let r = post_batch(qp);
+    release_wr(qp);
+    r
+}
+
+fn post_batch(qp: *mut ibv_qp_ex) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: as in with_batch.
         let Some(w) = (unsafe { wrapper::<_, Qp>(qp) }) else {
@@ -1278,15 +1311,17 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
 }
 
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
-    let Ok(n) = c_int::try_from(num_sge) else {
-        return current(qp, |w| w.sges.clear());
-    };
-    // SAFETY: the caller passes num_sge entries.
-    let list = unsafe { sges(sg_list, n) };
-    current(qp, |w| {
-        w.inline = None;
-        w.sges = list.unwrap_or_default();
-    });
+    guard((), || {
+        let Ok(n) = c_int::try_from(num_sge) else {
+            return current(qp, |w| w.sges.clear());
+        };
+        // SAFETY: the caller passes num_sge entries.
+        let list = unsafe { sges(sg_list, n) };
+        current(qp, |w| {
+            w.inline = None;
+            w.sges = list.unwrap_or_default();
+        });
+    })
 }
 
 /// Copies inline data from the program's memory now, as the API requires
@@ -1305,12 +1340,14 @@ unsafe fn copy_inline(bufs: &[ibv_data_buf]) -> Vec<u8> {
 }
 
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
-    // SAFETY: a readable buffer of `length` bytes.
-    let bytes = unsafe { copy_inline(&[ibv_data_buf { addr, length }]) };
-    current(qp, |w| {
-        w.sges.clear();
-        w.inline = Some(bytes);
-    });
+    guard((), || {
+        // SAFETY: a readable buffer of `length` bytes.
+        let bytes = unsafe { copy_inline(&[ibv_data_buf { addr, length }]) };
+        current(qp, |w| {
+            w.sges.clear();
+            w.inline = Some(bytes);
+        });
+    })
 }
 
 unsafe extern "C" fn wr_set_inline_data_list(
@@ -1318,18 +1355,20 @@ unsafe extern "C" fn wr_set_inline_data_list(
     num_buf: usize,
     buf_list: *const ibv_data_buf,
 ) {
-    let bufs = if num_buf == 0 || buf_list.is_null() {
-        &[][..]
-    } else {
-        // SAFETY: the caller passes num_buf entries.
-        unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
-    };
-    // SAFETY: readable buffers, per the caller.
-    let bytes = unsafe { copy_inline(bufs) };
-    current(qp, |w| {
-        w.sges.clear();
-        w.inline = Some(bytes);
-    });
+    guard((), || {
+        let bufs = if num_buf == 0 || buf_list.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: the caller passes num_buf entries.
+            unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
+        };
+        // SAFETY: readable buffers, per the caller.
+        let bytes = unsafe { copy_inline(bufs) };
+        current(qp, |w| {
+            w.sges.clear();
+            w.inline = Some(bytes);
+        });
+    })
 }
 
 unsafe extern "C" fn wr_set_ud_addr(

@@ -72,7 +72,7 @@ const NODE_TYPES: [&CStr; 7] = [
 export! { "IBVERBS_1.1"
     /// `ibv_node_type_str`.
     pub unsafe extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
-        let s = usize::try_from(node_type - 1)
+        let s = usize::try_from(node_type.wrapping_sub(1))
             .ok()
             .and_then(|i| NODE_TYPES.get(i))
             .copied()

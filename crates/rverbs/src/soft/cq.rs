@@ -284,6 +284,29 @@ impl CqCore {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.finish_release();
+    }
+
+    /// Releases the CQ if `idle` says nothing holds it, atomically with
+    /// respect to its channel's readers: a reader cannot report a new
+    /// completion event between the check and the release. `Err` carries
+    /// what `idle` found.
+    pub(crate) fn release_if_idle<E>(&self, idle: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let mark = || {
+            idle()?;
+            Ok(!self.released.swap(true, Ordering::AcqRel))
+        };
+        let first = match &self.channel {
+            Some(ch) => ch.queue.locked(mark)?,
+            None => mark()?,
+        };
+        if first {
+            self.finish_release();
+        }
+        Ok(())
+    }
+
+    fn finish_release(&self) {
         let me: *const CqCore = self;
         if let Some(ch) = &self.channel {
             ch.detach_cq(me);

@@ -130,6 +130,13 @@ impl<T> EventQueue<T> {
         }
     }
 
+    /// Runs `f` under the queue's lock: a reader's `accept` cannot run
+    /// meanwhile.
+    pub(crate) fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _st = self.lock();
+        f()
+    }
+
     /// Number of events waiting.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -166,30 +166,32 @@ impl CompletionQueue {
             Err(e) => return Err(Rejected::new(e, self)),
             Ok(DestroyPath::Forced) => {}
             Ok(DestroyPath::Checked) => {
-                let why = if self.core.users() > 0 {
-                    Some(format!(
-                        "{} QP(s) use CQ {}",
-                        self.core.users(),
-                        self.core.handle
-                    ))
-                } else if self.core.comp_events.unacked() > 0 {
-                    Some(format!(
-                        "{} completion event(s) of CQ {} not acknowledged (drop the CqEvent)",
-                        self.core.comp_events.unacked(),
-                        self.core.handle
-                    ))
-                } else if self.core.async_events.unacked() > 0 {
-                    Some(format!(
-                        "{} async event(s) of CQ {} not acknowledged (drop the AsyncEvent)",
-                        self.core.async_events.unacked(),
-                        self.core.handle
-                    ))
-                } else {
-                    None
-                };
-                if let Some(why) = why {
+                let core = &self.core;
+                // Checked and released under the channel's lock: no reader
+                // hands out an event for this CQ in between.
+                let checked = core.release_if_idle(|| {
+                    if core.users() > 0 {
+                        Err(format!("{} QP(s) use CQ {}", core.users(), core.handle))
+                    } else if core.comp_events.unacked() > 0 {
+                        Err(format!(
+                            "{} completion event(s) of CQ {} not acknowledged (drop the CqEvent)",
+                            core.comp_events.unacked(),
+                            core.handle
+                        ))
+                    } else if core.async_events.unacked() > 0 {
+                        Err(format!(
+                            "{} async event(s) of CQ {} not acknowledged (drop the AsyncEvent)",
+                            core.async_events.unacked(),
+                            core.handle
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Err(why) = checked {
                     return Err(Rejected::new(Error::busy(verb, why), self));
                 }
+                return Ok(());
             }
         }
         self.core.release();
