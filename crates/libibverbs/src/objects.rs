@@ -273,6 +273,88 @@ export! { "IBVERBS_1.1"
     }
 }
 
+export! { "IBVERBS_1.1"
+    /// `ibv_rereg_mr`: new memory (`IBV_REREG_MR_CHANGE_TRANSLATION`, at its
+    /// own address as the iova), PD and/or access flags; the MR gets new
+    /// keys. 0, or IBV_REREG_MR_ERR_INPUT (-1) for bad arguments and
+    /// IBV_REREG_MR_ERR_CMD (-4) when the device refused, with errno set.
+    pub unsafe extern "C" fn ibv_rereg_mr(
+        mr: *mut ibv_mr,
+        flags: c_int,
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        access: c_int,
+    ) -> c_int {
+        const CHANGE_TRANSLATION: c_int = 1;
+        const CHANGE_PD: c_int = 1 << 1;
+        const CHANGE_ACCESS: c_int = 1 << 2;
+        const ERR_INPUT: c_int = -1;
+        const ERR_CMD: c_int = -4;
+        let input = |errno| {
+            set_errno(errno);
+            ERR_INPUT
+        };
+        guard(ERR_CMD, || {
+            if mr.is_null() || flags == 0 || flags & !(CHANGE_TRANSLATION | CHANGE_PD | CHANGE_ACCESS) != 0 {
+                return input(libc::EINVAL);
+            }
+            let w = mr.cast::<Mr>();
+            // SAFETY: an MR from ibv_reg_mr*; libibverbs leaves it to the
+            // program not to use the MR elsewhere during a rereg.
+            let Some(rust) = (unsafe { (*w).rust.as_mut() }) else {
+                return input(libc::EINVAL);
+            };
+            let mut req = rverbs::Rereg::new();
+            if flags & CHANGE_PD != 0 {
+                // SAFETY: a PD from ibv_alloc_pd, or NULL.
+                let Some(p) = (unsafe { pd_ref(pd) }) else {
+                    return input(libc::EINVAL);
+                };
+                req = req.pd(p);
+            }
+            if flags & CHANGE_ACCESS != 0 {
+                let Some(a) = access_flags(access as c_uint) else {
+                    return input(libc::EINVAL);
+                };
+                req = req.access(a);
+            }
+            if flags & CHANGE_TRANSLATION != 0 {
+                RANGE_CALLED.store(true, Ordering::Relaxed);
+                // SAFETY: as for ibv_reg_mr: the program keeps the new range
+                // mapped and leaves it to the device until deregistration.
+                req = unsafe { req.foreign_memory(addr.cast(), length) };
+            }
+            match rust.rereg(req) {
+                Ok(_) => {
+                    // SAFETY: the MR is live; its C fields follow the change.
+                    unsafe {
+                        (*mr).lkey = rust.lkey();
+                        (*mr).rkey = rust.rkey();
+                        if flags & CHANGE_TRANSLATION != 0 {
+                            (*mr).addr = addr;
+                            (*mr).length = length;
+                        }
+                        if flags & CHANGE_PD != 0 {
+                            (*mr).pd = pd;
+                        }
+                    }
+                    0
+                }
+                Err(rejected) => {
+                    let errno = rejected.error().errno();
+                    set_errno(errno);
+                    if errno == libc::EINVAL {
+                        ERR_INPUT
+                    } else {
+                        ERR_CMD
+                    }
+                }
+            }
+        })
+    }
+}
+
 // ---- completion channels ----------------------------------------------
 
 /// `ibv_comp_channel` and its rverbs channel.

@@ -219,11 +219,22 @@ int main(void)
 		}
 	}
 
+	/* ibv_rereg_mr: new access flags and new memory give new keys; the
+	 * MR's fields follow. No flags: IBV_REREG_MR_ERR_INPUT. */
+	char *buf2 = calloc(1, 4096);
+	uint32_t old_lkey = mr->lkey;
+	CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT, "no flags");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
+			   NULL, buf2, 4096, IBV_ACCESS_LOCAL_WRITE) == 0,
+	      "rereg: errno %d", errno);
+	CHECK(mr->addr == buf2 && mr->length == 4096 && mr->lkey != old_lkey, "rereg fields");
+
 	/* Teardown in order; each destroy reports 0. */
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "destroy qps");
 	CHECK(ibv_destroy_cq(cq) == 0, "destroy cq");
 	CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel after its CQ");
 	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0, "mr, pd");
+	free(buf2);
 
 	/* ibv_close_device does not release what was made through the
 	 * context: it succeeds (0) with a PD still allocated. */
