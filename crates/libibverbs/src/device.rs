@@ -617,18 +617,22 @@ export! { "IBVERBS_1.5"
     }
 }
 
-fn gid_entry(ctx: &Context, port: u8, index: u32) -> Result<ibv_gid_entry, c_int> {
-    let e = ctx
-        .rust
-        .query_gid_entry(port, index)
-        .map_err(|e| errno_of(&e))?;
-    Ok(ibv_gid_entry {
+fn c_gid_entry(e: &rverbs::attr::GidEntry) -> ibv_gid_entry {
+    ibv_gid_entry {
         gid: ibv_gid { raw: *e.gid.raw() },
         gid_index: e.gid_index,
         port_num: e.port_num,
         gid_type: e.gid_type as u32,
         ndev_ifindex: e.ndev_ifindex,
-    })
+    }
+}
+
+fn gid_entry(ctx: &Context, port: u8, index: u32) -> Result<ibv_gid_entry, c_int> {
+    let e = ctx
+        .rust
+        .query_gid_entry(port, index)
+        .map_err(|e| errno_of(&e))?;
+    Ok(c_gid_entry(&e))
 }
 
 export! { "IBVERBS_1.11"
@@ -690,13 +694,7 @@ export! { "IBVERBS_1.11"
                 return -(libc::EINVAL as isize);
             }
             for (i, e) in table.iter().enumerate() {
-                let c = ibv_gid_entry {
-                    gid: ibv_gid { raw: *e.gid.raw() },
-                    gid_index: e.gid_index,
-                    port_num: e.port_num,
-                    gid_type: e.gid_type as u32,
-                    ndev_ifindex: e.ndev_ifindex,
-                };
+                let c = c_gid_entry(e);
                 // SAFETY: the caller's array holds max_entries entries of
                 // entry_size bytes each, and i < table.len() ≤ max_entries.
                 unsafe { entries.cast::<u8>().add(i * entry_size).cast::<ibv_gid_entry>().write_unaligned(c) };

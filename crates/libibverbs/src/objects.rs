@@ -70,6 +70,32 @@ pub(crate) unsafe fn destroy_in_place<T, K>(
     }
 }
 
+/// Destroys the wrapper at `p` (C's object pointer): its rverbs object
+/// (the `rust` field `slot` points at) through `destroy`, then the wrapper.
+/// 0, or the errno with everything left as it was.
+///
+/// # Safety
+/// `p` must be null or a live wrapper this library made with
+/// `Box::into_raw`, destroyed by no other thread at the same time.
+pub(crate) unsafe fn destroy_wrapper<W, T, K>(
+    p: *mut W,
+    slot: impl FnOnce(*mut W) -> *mut Option<T>,
+    destroy: impl FnOnce(T) -> Result<K, rverbs::Rejected<T>>,
+) -> c_int {
+    if p.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: per the caller, a live wrapper's field.
+    match unsafe { destroy_in_place(slot(p), destroy) } {
+        Ok(()) => {
+            // SAFETY: made by Box::into_raw; this is its one free.
+            drop(unsafe { Box::from_raw(p) });
+            0
+        }
+        Err(errno) => errno,
+    }
+}
+
 // ---- protection domains -----------------------------------------------
 
 /// `ibv_pd` and its rverbs PD.
@@ -119,18 +145,9 @@ export! { "IBVERBS_1.1"
     /// `ibv_dealloc_pd`: 0, or EBUSY while MRs, QPs, SRQs or AHs use it.
     pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         guard(libc::EIO, || {
-            if pd.is_null() {
-                return libc::EINVAL;
-            }
-            let pd = pd.cast::<Pd>();
-            // SAFETY: a PD from ibv_alloc_pd, not yet deallocated.
-            match unsafe { destroy_in_place(ptr::addr_of_mut!((*pd).rust), ProtectionDomain::dealloc) } {
-                Ok(()) => {
-                    // SAFETY: made by Box::into_raw in ibv_alloc_pd; freed once.
-                    drop(unsafe { Box::from_raw(pd) });
-                    0
-                }
-                Err(errno) => errno,
+            // SAFETY: a PD from ibv_alloc_pd (or NULL), not yet deallocated.
+            unsafe {
+                destroy_wrapper(pd.cast::<Pd>(), |w| ptr::addr_of_mut!((*w).rust), ProtectionDomain::dealloc)
             }
         })
     }
@@ -255,19 +272,10 @@ export! { "IBVERBS_1.1"
     /// `ibv_dereg_mr`.
     pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         guard(libc::EIO, || {
-            if mr.is_null() {
-                return libc::EINVAL;
-            }
-            let mr = mr.cast::<Mr>();
-            // SAFETY: an MR from ibv_reg_mr*, not yet deregistered. (Foreign
-            // memory: no buffer comes back.)
-            match unsafe { destroy_in_place(ptr::addr_of_mut!((*mr).rust), MemoryRegion::dereg) } {
-                Ok(()) => {
-                    // SAFETY: made by Box::into_raw in reg_mr; freed once.
-                    drop(unsafe { Box::from_raw(mr) });
-                    0
-                }
-                Err(errno) => errno,
+            // SAFETY: an MR from ibv_reg_mr* (or NULL), not yet
+            // deregistered. (Foreign memory: no buffer comes back.)
+            unsafe {
+                destroy_wrapper(mr.cast::<Mr>(), |w| ptr::addr_of_mut!((*w).rust), MemoryRegion::dereg)
             }
         })
     }
@@ -400,19 +408,16 @@ export! { "IBVERBS_1.0"
             if channel.is_null() {
                 return libc::EINVAL;
             }
-            let ch = channel.cast::<Channel>();
-            // SAFETY: a channel from ibv_create_comp_channel, not destroyed.
             if refcnt(channel).load(Ordering::Acquire) != 0 {
                 return libc::EBUSY;
             }
-            // SAFETY: as above.
-            match unsafe { destroy_in_place(ptr::addr_of_mut!((*ch).rust), CompletionChannel::destroy) } {
-                Ok(()) => {
-                    // SAFETY: made by Box::into_raw; freed once.
-                    drop(unsafe { Box::from_raw(ch) });
-                    0
-                }
-                Err(errno) => errno,
+            // SAFETY: a channel from ibv_create_comp_channel, not destroyed.
+            unsafe {
+                destroy_wrapper(
+                    channel.cast::<Channel>(),
+                    |w| ptr::addr_of_mut!((*w).rust),
+                    CompletionChannel::destroy,
+                )
             }
         })
     }

@@ -15,7 +15,7 @@ use rverbs_ibverbs::abi::*;
 
 use crate::device::context_ref;
 use crate::ffi::{errno_of, guard, set_errno};
-use crate::objects::{cq_ref, destroy_in_place, pd_ref, wrapper};
+use crate::objects::{cq_ref, destroy_in_place, destroy_wrapper, pd_ref, wrapper};
 
 /// Fills the ops slots for posting.
 pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
@@ -665,6 +665,29 @@ unsafe fn for_each_recv(
     Ok(())
 }
 
+/// Posts a C receive WR list with `post`: 0, or the errno with `*bad_wr` at
+/// the WR refused.
+///
+/// # Safety
+/// `wr` must be a valid list; `bad_wr` writable or NULL.
+unsafe fn post_recv_chain(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl FnMut(&RecvWr<'_>) -> Result<(), c_int>,
+) -> c_int {
+    // SAFETY: per the caller.
+    match unsafe { for_each_recv(wr, post) } {
+        Ok(()) => 0,
+        Err((at, errno)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: per the caller.
+                unsafe { *bad_wr = at };
+            }
+            errno
+        }
+    }
+}
+
 /// `ops.post_recv` (behind the inline `ibv_post_recv`).
 unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
@@ -676,18 +699,8 @@ unsafe extern "C" fn post_recv(
         let Some(rust) = (unsafe { qp_ref(qp) }) else {
             return libc::EINVAL;
         };
-        // SAFETY: the caller passes a valid list.
-        let r = unsafe { for_each_recv(wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) };
-        match r {
-            Ok(()) => 0,
-            Err((at, errno)) => {
-                if !bad_wr.is_null() {
-                    // SAFETY: the caller passes a writable pointer slot.
-                    unsafe { *bad_wr = at };
-                }
-                errno
-            }
-        }
+        // SAFETY: the caller passes a valid list and a writable bad_wr.
+        unsafe { post_recv_chain(wr, bad_wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) }
     })
 }
 
@@ -858,18 +871,8 @@ unsafe extern "C" fn post_srq_recv(
         let Some(rust) = (unsafe { srq_ref(srq) }) else {
             return libc::EINVAL;
         };
-        // SAFETY: the caller passes a valid list.
-        let r = unsafe { for_each_recv(wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) };
-        match r {
-            Ok(()) => 0,
-            Err((at, errno)) => {
-                if !bad_wr.is_null() {
-                    // SAFETY: the caller passes a writable pointer slot.
-                    unsafe { *bad_wr = at };
-                }
-                errno
-            }
-        }
+        // SAFETY: the caller passes a valid list and a writable bad_wr.
+        unsafe { post_recv_chain(wr, bad_wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) }
     })
 }
 
@@ -933,18 +936,9 @@ export! { "IBVERBS_1.1"
     /// `ibv_destroy_ah`.
     pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         guard(libc::EIO, || {
-            if ah.is_null() {
-                return libc::EINVAL;
-            }
-            let w = ah.cast::<Ah>();
-            // SAFETY: an AH from ibv_create_ah*, not destroyed.
-            match unsafe { destroy_in_place(ptr::addr_of_mut!((*w).rust), AddressHandle::destroy) } {
-                Ok(()) => {
-                    // SAFETY: made by Box::into_raw; freed once.
-                    drop(unsafe { Box::from_raw(w) });
-                    0
-                }
-                Err(errno) => errno,
+            // SAFETY: an AH from ibv_create_ah* (or NULL), not destroyed.
+            unsafe {
+                destroy_wrapper(ah.cast::<Ah>(), |w| ptr::addr_of_mut!((*w).rust), AddressHandle::destroy)
             }
         })
     }
