@@ -554,24 +554,13 @@ impl QueuePair {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
                     };
-                    let Some(rc) = slot.rc.as_mut().filter(|_| {
-                        !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr)
-                    }) else {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "QP {:#x} is in {}; send WRs need RTS",
-                                core.qpn,
-                                state.name()
-                            ),
-                        );
-                    };
-                    if rc.sq_len() >= caps.max_send_wr as usize {
-                        return fail(
-                            ErrorKind::OutOfMemory,
-                            format!("send queue full ({} WRs)", caps.max_send_wr),
-                        );
+                    let queued = slot.rc.as_ref().map(RcQp::sq_len);
+                    if let Err((kind, msg)) = send_queue_room(core.qpn, state, queued, caps) {
+                        return fail(kind, msg);
                     }
+                    let Some(rc) = slot.rc.as_mut() else {
+                        return fail(ErrorKind::InvalidArgument, "QP is in RESET".into());
+                    };
                     let is_rd_atomic = matches!(
                         wr.opcode,
                         WrOpcode::RdmaRead { .. }
@@ -654,24 +643,13 @@ impl QueuePair {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
                     };
-                    let Some(ud) = slot.ud.as_mut().filter(|_| {
-                        !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr)
-                    }) else {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "QP {:#x} is in {}; send WRs need RTS",
-                                core.qpn,
-                                state.name()
-                            ),
-                        );
-                    };
-                    if ud.sq_len() >= caps.max_send_wr as usize {
-                        return fail(
-                            ErrorKind::OutOfMemory,
-                            format!("send queue full ({} WRs)", caps.max_send_wr),
-                        );
+                    let queued = slot.ud.as_ref().map(UdQp::sq_len);
+                    if let Err((kind, msg)) = send_queue_room(core.qpn, state, queued, caps) {
+                        return fail(kind, msg);
                     }
+                    let Some(ud) = slot.ud.as_mut() else {
+                        return fail(ErrorKind::InvalidArgument, "QP is in RESET".into());
+                    };
                     if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }) {
                         return fail(
                             ErrorKind::InvalidArgument,
@@ -1010,6 +988,31 @@ impl QueuePair {
     pub fn path_mtu(&self) -> Mtu {
         self.core.attr().path_mtu
     }
+}
+
+/// Whether a send WR may be queued: EINVAL before RTS (or in RESET, with
+/// no transport: `queued` is `None`), ENOMEM when `max_send_wr` WRs wait.
+fn send_queue_room(
+    qpn: u32,
+    state: QpState,
+    queued: Option<usize>,
+    caps: QpCaps,
+) -> std::result::Result<(), (ErrorKind, String)> {
+    let Some(queued) =
+        queued.filter(|_| !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr))
+    else {
+        return Err((
+            ErrorKind::InvalidArgument,
+            format!("QP {qpn:#x} is in {}; send WRs need RTS", state.name()),
+        ));
+    };
+    if queued >= caps.max_send_wr as usize {
+        return Err((
+            ErrorKind::OutOfMemory,
+            format!("send queue full ({} WRs)", caps.max_send_wr),
+        ));
+    }
+    Ok(())
 }
 
 /// A send WR's data as the QP keeps it, and its length; an error message
