@@ -1168,8 +1168,8 @@ fn release_wr(qp: *mut ibv_qp_ex) {
     }
 }
 
-/// Posts the batch: 0, or the errno of the first WR refused (those before
-/// it were posted, as with `ibv_post_send`).
+/// Posts the batch, all or nothing: 0, or the errno of the first WR
+/// refused (then none was posted).
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     let r = post_batch(qp);
     release_wr(qp);
@@ -1192,6 +1192,7 @@ fn post_batch(qp: *mut ibv_qp_ex) -> c_int {
         if let Some(e) = batch.error {
             return e;
         }
+        let mut wrs = Vec::with_capacity(batch.wrs.len());
         for p in &batch.wrs {
             let payload = match &p.inline {
                 Some(bytes) => Payload::Inline(bytes),
@@ -1218,11 +1219,13 @@ fn post_batch(qp: *mut ibv_qp_ex) -> c_int {
                     remote_qkey: qkey,
                 });
             }
-            if let Err(e) = rust.post_send(&wr) {
-                return errno_of(&e);
-            }
+            wrs.push(wr);
         }
-        0
+        // All or nothing, as ibv_wr_complete promises.
+        match rust.post_send_all(&wrs) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
     })
 }
 

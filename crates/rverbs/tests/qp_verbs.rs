@@ -2100,3 +2100,36 @@ fn destroying_a_qp_right_after_its_last_receive_still_acknowledges_it() {
         );
     }
 }
+
+#[test]
+fn post_send_all_posts_every_wr_or_none() {
+    let (a, b) = pair(Opts::default(), Opts::default());
+    for i in 0..4 {
+        b.qp.post_recv(&RecvWr::new(100 + i, &[sge(&b.mr, i * 64, 64)]))
+            .unwrap();
+    }
+    let one = [sge(&a.mr, 0, 8)];
+    let five: Vec<Sge> = (0..5).map(|i| sge(&a.mr, i * 8, 8)).collect();
+    // The third WR has more SGEs than max_send_sge (4): none goes.
+    let batch = [
+        SendWr::new(1, WrOpcode::Send, &one).signaled(),
+        SendWr::new(2, WrOpcode::Send, &one).signaled(),
+        SendWr::new(3, WrOpcode::Send, &five).signaled(),
+    ];
+    let e = a.qp.post_send_all(&batch).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(e.detail(), Some(ErrorDetail::BadWr { index: 2 }));
+    assert_quiet(&a.scq, "nothing was posted");
+    assert_quiet(&b.rcq, "nothing arrived");
+    // post_send_list posts the WRs before the refused one.
+    let e = a.qp.post_send_list(&batch).unwrap_err();
+    assert_eq!(e.detail(), Some(ErrorDetail::BadWr { index: 2 }));
+    assert_eq!(ids_and_status(&wait(&a.scq, 2, "the first two")).len(), 2);
+    // A good batch goes whole.
+    a.qp.post_send_all(&batch[..2]).unwrap();
+    assert_eq!(
+        ids_and_status(&wait(&a.scq, 2, "batch")),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(wait(&b.rcq, 4, "receives").len(), 4);
+}

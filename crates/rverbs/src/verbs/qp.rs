@@ -540,8 +540,19 @@ impl QueuePair {
     /// QP not yet in RTS is EINVAL. Bad lkeys and lengths surface as
     /// completion errors (LOC_PROT_ERR, LOC_LEN_ERR), as in libibverbs.
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_sends(wrs, false)
+    }
+
+    /// Posts send WRs in order, all or none: if any is refused (the error
+    /// carries its [`ErrorDetail::BadWr`] index), none was posted — what
+    /// `ibv_wr_complete` promises for a batch.
+    pub fn post_send_all(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_sends(wrs, true)
+    }
+
+    fn post_sends(&self, wrs: &[SendWr<'_>], all: bool) -> Result<()> {
         if self.core.qp_type == QpType::Ud {
-            return self.post_send_ud(wrs);
+            return self.post_send_ud(wrs, all);
         }
         let verb = Verb::PostSend;
         let core = &self.core;
@@ -550,11 +561,15 @@ impl QueuePair {
         dev.engine
             .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
                 let state = slot.state();
+                // All or none: the WRs checked, waiting to be posted, and
+                // the PSNs they take.
+                let mut ready: Vec<SendWqe> = Vec::new();
+                let mut ahead = 0u32;
                 for (index, wr) in wrs.iter().enumerate() {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
                     };
-                    let queued = slot.rc.as_ref().map(RcQp::sq_len);
+                    let queued = slot.rc.as_ref().map(|rc| rc.sq_len() + ready.len());
                     if let Err((kind, msg)) = send_queue_room(core.qpn, state, queued, caps) {
                         return fail(kind, msg);
                     }
@@ -593,7 +608,7 @@ impl QueuePair {
                             format!("an atomic needs an 8-byte local buffer, not {length} bytes"),
                         );
                     }
-                    match rc.psn_room(&wr.opcode, length as u32) {
+                    match rc.psn_room_after(&wr.opcode, length as u32, ahead) {
                         Ok(()) => {}
                         Err(true) => {
                             return fail(
@@ -613,7 +628,7 @@ impl QueuePair {
                             )
                         }
                     }
-                    rc.post_send(SendWqe {
+                    let wqe = SendWqe {
                         wr_id: wr.wr_id,
                         op: wr.opcode,
                         data,
@@ -621,7 +636,18 @@ impl QueuePair {
                         signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
                         solicited: wr.flags.contains(SendFlags::SOLICITED),
                         fence: wr.flags.contains(SendFlags::FENCE),
-                    });
+                    };
+                    if all {
+                        ahead = ahead.saturating_add(rc.packets_of(&wqe.op, wqe.length));
+                        ready.push(wqe);
+                    } else {
+                        rc.post_send(wqe);
+                    }
+                }
+                if let Some(rc) = slot.rc.as_mut() {
+                    for wqe in ready {
+                        rc.post_send(wqe);
+                    }
                 }
                 Ok(())
             })
@@ -630,7 +656,7 @@ impl QueuePair {
 
     /// UD sends: SEND or SEND with immediate, each to the QP its
     /// [`UdAddress`](crate::UdAddress) names, at most the port's MTU.
-    fn post_send_ud(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+    fn post_send_ud(&self, wrs: &[SendWr<'_>], all: bool) -> Result<()> {
         let verb = Verb::PostSend;
         let core = &self.core;
         let dev = &core.ctx.device;
@@ -639,11 +665,12 @@ impl QueuePair {
         dev.engine
             .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
                 let state = slot.state();
+                let mut ready: Vec<UdSendWqe> = Vec::new();
                 for (index, wr) in wrs.iter().enumerate() {
                     let fail = |kind, msg: String| {
                         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
                     };
-                    let queued = slot.ud.as_ref().map(UdQp::sq_len);
+                    let queued = slot.ud.as_ref().map(|ud| ud.sq_len() + ready.len());
                     if let Err((kind, msg)) = send_queue_room(core.qpn, state, queued, caps) {
                         return fail(kind, msg);
                     }
@@ -690,7 +717,7 @@ impl QueuePair {
                             ),
                         );
                     }
-                    ud.post_send(UdSendWqe {
+                    let wqe = UdSendWqe {
                         wqe: SendWqe {
                             wr_id: wr.wr_id,
                             op: wr.opcode,
@@ -705,7 +732,17 @@ impl QueuePair {
                             qpn: to.remote_qpn,
                             qkey: to.remote_qkey,
                         },
-                    });
+                    };
+                    if all {
+                        ready.push(wqe);
+                    } else {
+                        ud.post_send(wqe);
+                    }
+                }
+                if let Some(ud) = slot.ud.as_mut() {
+                    for wqe in ready {
+                        ud.post_send(wqe);
+                    }
                 }
                 Ok(())
             })

@@ -547,7 +547,7 @@ impl RcQp {
 
     /// Queues a send WR. In ERR it completes at once with a flush error.
     /// PSNs a send WR of `length` bytes takes.
-    fn packets_of(&self, op: &WrOpcode, length: u32) -> u32 {
+    pub(crate) fn packets_of(&self, op: &WrOpcode, length: u32) -> u32 {
         match op {
             WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. } => 1,
             _ => packets_for(length, self.cfg.mtu),
@@ -559,13 +559,20 @@ impl RcQp {
     /// unfinished work spans less than half the space. `Err(true)`: not
     /// now (poll completions and post again); `Err(false)`: never at this
     /// path MTU.
-    pub(crate) fn psn_room(&self, op: &WrOpcode, length: u32) -> Result<(), bool> {
+    ///
+    /// `ahead`: PSNs of WRs about to be posted before this one.
+    pub(crate) fn psn_room_after(
+        &self,
+        op: &WrOpcode,
+        length: u32,
+        ahead: u32,
+    ) -> Result<(), bool> {
         let npkts = self.packets_of(op, length);
         if npkts > MAX_PSN_SPAN {
             return Err(false);
         }
-        if self.state != QpState::Err && self.una.distance_to(self.next_psn) + npkts > MAX_PSN_SPAN
-        {
+        let span = self.una.distance_to(self.next_psn).saturating_add(ahead);
+        if self.state != QpState::Err && span.saturating_add(npkts) > MAX_PSN_SPAN {
             return Err(true);
         }
         Ok(())

@@ -1234,14 +1234,14 @@ fn posted_work_may_not_span_half_the_psn_space() {
     };
     let gib = 1u32 << 30; // 2^20 packets at MTU 1024
     let mut posted = 0;
-    while qp.psn_room(&WrOpcode::Send, gib).is_ok() {
+    while qp.psn_room_after(&WrOpcode::Send, gib, 0).is_ok() {
         qp.post_send(send(gib));
         posted += 1;
     }
     assert_eq!(posted, 7, "7 × 2^20 packets fit under 2^23 - WINDOW");
-    assert_eq!(qp.psn_room(&WrOpcode::Send, gib), Err(true));
+    assert_eq!(qp.psn_room_after(&WrOpcode::Send, gib, 0), Err(true));
     assert_eq!(
-        qp.psn_room(&WrOpcode::Send, 1 << 20),
+        qp.psn_room_after(&WrOpcode::Send, 1 << 20, 0),
         Ok(()),
         "a smaller one still fits"
     );
@@ -1252,7 +1252,10 @@ fn posted_work_may_not_span_half_the_psn_space() {
     let mut small_mtu = RcQp::new(cfg.clone());
     small_mtu.enter_rtr(cfg.clone());
     small_mtu.enter_rts(cfg);
-    assert_eq!(small_mtu.psn_room(&WrOpcode::Send, 1 << 31), Err(false));
+    assert_eq!(
+        small_mtu.psn_room_after(&WrOpcode::Send, 1 << 31, 0),
+        Err(false)
+    );
 }
 
 #[test]
