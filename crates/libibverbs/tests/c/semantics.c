@@ -241,6 +241,8 @@ int main(void)
 	struct ibv_pd *left = ibv_alloc_pd(ctx);
 	CHECK(left != NULL, "pd");
 	CHECK(ibv_close_device(ctx) == 0, "close with a PD alive");
+	/* "-1 on failure": a context that is not open. */
+	CHECK(ibv_close_device(NULL) == -1, "close of NULL");
 	ibv_free_device_list(list);
 
 	/* ibv_fork_init after an MR was registered (rdma-core 44 marks its
