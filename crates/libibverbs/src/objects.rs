@@ -441,6 +441,9 @@ pub(crate) struct Cq {
     pub(crate) rust: Option<CompletionQueue>,
     pending: Mutex<VecDeque<CqEvent>>,
     acked: Condvar,
+    /// Its device: once it is disassociated with RDMAV_ALLOW_DISASSOC_DESTROY
+    /// set, destroy skips waiting for acknowledgements, as libibverbs does.
+    device: rverbs::Device,
 }
 
 /// The rverbs CQ behind a C CQ.
@@ -486,6 +489,7 @@ export! { "IBVERBS_1.1"
                 rust: None,
                 pending: Mutex::new(VecDeque::new()),
                 acked: Condvar::new(),
+                device: ctx.rust.device(),
             }));
             let mut b = ctx.rust.cq_builder().cqe(cqe).comp_vector(vector).user_data(cq as u64);
             if let Some(c) = ch.and_then(|c| c.rust.as_ref()) {
@@ -548,7 +552,14 @@ export! { "IBVERBS_1.1"
             let w = cq.cast::<Cq>();
             // SAFETY: a CQ from ibv_create_cq, not destroyed.
             let wr = unsafe { &*w };
+            let forced = || {
+                wr.device.is_disassociated() && rverbs::soft::device::allow_disassoc_destroy()
+            };
             loop {
+                if forced() {
+                    // The events go with the CQ; no one will acknowledge them.
+                    lock(&wr.pending).clear();
+                }
                 {
                     let mut pending = lock(&wr.pending);
                     while !pending.is_empty() {
