@@ -165,6 +165,26 @@ export! { "IBVERBS_1.9"
     }
 }
 
+/// `int rverbs_device_disassociate(struct ibv_device *device)` — an rverbs
+/// extension (no libibverbs equivalent): what a hot-unplugged NIC does to
+/// its device. Every open context gets IBV_EVENT_DEVICE_FATAL, blocked
+/// event readers wake, later verbs fail with EIO, and destroys follow
+/// RDMAV_ALLOW_DISASSOC_DESTROY. For testing a program's handling of
+/// device loss. 0, or EINVAL for a pointer that is not a device.
+#[no_mangle]
+pub unsafe extern "C" fn rverbs_device_disassociate(device: *mut ibv_device) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a device pointer from ibv_get_device_list, or NULL.
+        match unsafe { device_ref(device) } {
+            Some(d) => {
+                d.rust.disassociate();
+                0
+            }
+            None => libc::EINVAL,
+        }
+    })
+}
+
 /// A context as C sees it: the `verbs_context` (whose last member is the
 /// `ibv_context` C programs hold) first.
 #[repr(C)]

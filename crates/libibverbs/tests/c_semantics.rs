@@ -73,3 +73,37 @@ fn rverbs_leak_check_names_what_was_left_alive() {
         "{text}"
     );
 }
+
+/// The seed man page: RDMAV_ALLOW_DISASSOC_DESTROY "tells the library to
+/// relate an EIO from destroy commands as a success".
+#[test]
+fn disassociation_and_rdmav_allow_disassoc_destroy() {
+    let dir = common::LibDir::new("disassoc");
+    let Some(exe) = common::compile_c(&dir.0, "disassoc", include_str!("c/disassoc.c")) else {
+        return;
+    };
+    for (env, want) in [(None, libc_eio()), (Some("1"), 0), (Some("0"), libc_eio())] {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(want.to_string())
+            .env("LD_LIBRARY_PATH", &dir.0)
+            .env_remove("RDMAV_ALLOW_DISASSOC_DESTROY");
+        if let Some(v) = env {
+            cmd.env("RDMAV_ALLOW_DISASSOC_DESTROY", v);
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("ALL OK"),
+            "RDMAV_ALLOW_DISASSOC_DESTROY={env:?}: {text}"
+        );
+    }
+}
+
+/// EIO on Linux.
+fn libc_eio() -> i32 {
+    5
+}
