@@ -12,7 +12,7 @@
 //! - while an application thread busy-polls a CQ, the engine thread leaves
 //!   the socket to it (watching only timers and its wake-up), so the two do
 //!   not fight over the lock; it takes the socket back once the polling
-//!   stops for [`BUSY_POLL_GRACE`] or the application arms a CQ to sleep.
+//!   stops for `BUSY_POLL_GRACE` or the application arms a CQ to sleep.
 //!
 //! Every packet carries an ICRC computed for the IP header Linux will write:
 //! the socket is unconnected with Don't Fragment set, so the IPv4 ID is 0.
