@@ -240,6 +240,7 @@ export! { "IBVERBS_1.1"
             vctx.query_port = Some(verbs_query_port);
             vctx.query_device_ex = Some(query_device_ex);
             vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
+            vctx.create_cq_ex = Some(crate::objects::create_cq_ex);
             // The inline ibv_close_xrcd calls through without a NULL check;
             // no XRC domain can exist (open_xrcd is NULL), so it only
             // answers EOPNOTSUPP.

@@ -433,17 +433,20 @@ fn refcnt<'a>(channel: *mut ibv_comp_channel) -> &'a AtomicI32 {
 
 // ---- completion queues ------------------------------------------------
 
-/// `ibv_cq` and its rverbs CQ, with the completion events read and not yet
-/// acknowledged.
+/// `ibv_cq` — always allocated as the `ibv_cq_ex` the extended API uses,
+/// whose leading fields are an `ibv_cq`'s — and its rverbs CQ, with the
+/// completion events read and not yet acknowledged.
 #[repr(C)]
 pub(crate) struct Cq {
-    pub(crate) ibv: ibv_cq,
+    pub(crate) ibv: ibv_cq_ex,
     pub(crate) rust: Option<CompletionQueue>,
     pending: Mutex<VecDeque<CqEvent>>,
     acked: Condvar,
     /// Its device: once it is disassociated with RDMAV_ALLOW_DISASSOC_DESTROY
     /// set, destroy skips waiting for acknowledgements, as libibverbs does.
     device: rverbs::Device,
+    /// The completion `start_poll`/`next_poll` took (extended API).
+    current: Mutex<WorkCompletion>,
 }
 
 /// The rverbs CQ behind a C CQ.
@@ -465,57 +468,205 @@ export! { "IBVERBS_1.1"
         comp_vector: c_int,
     ) -> *mut ibv_cq {
         guard(ptr::null_mut(), || {
-            // SAFETY: a context this library opened, or NULL.
-            let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
-            };
             let (Ok(cqe), Ok(vector)) = (u32::try_from(cqe), u32::try_from(comp_vector)) else {
                 set_errno(libc::EINVAL);
                 return ptr::null_mut();
             };
-            // SAFETY: a channel from ibv_create_comp_channel, or NULL.
-            let ch = unsafe { wrapper::<_, Channel>(channel) };
-            if !channel.is_null() && ch.and_then(|c| c.rust.as_ref()).is_none() {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
-            }
-            let mut ibv = ibv_cq::default();
-            ibv.context = context;
-            ibv.channel = channel;
-            ibv.cq_context = cq_context;
-            let cq = Box::into_raw(Box::new(Cq {
-                ibv,
-                rust: None,
-                pending: Mutex::new(VecDeque::new()),
-                acked: Condvar::new(),
-                device: ctx.rust.device(),
-            }));
-            let mut b = ctx.rust.cq_builder().cqe(cqe).comp_vector(vector).user_data(cq as u64);
-            if let Some(c) = ch.and_then(|c| c.rust.as_ref()) {
-                b = b.channel(c);
-            }
-            match b.build() {
-                Ok(rust) => {
-                    // SAFETY: just made; nobody else has it yet.
-                    let w = unsafe { &mut *cq };
-                    w.ibv.handle = rust.handle() as u32;
-                    w.ibv.cqe = rust.cqe() as c_int;
-                    w.rust = Some(rust);
-                    if !channel.is_null() {
-                        refcnt(channel).fetch_add(1, Ordering::AcqRel);
-                    }
-                    cq.cast()
-                }
-                Err(e) => {
-                    // SAFETY: made above, never handed out.
-                    drop(unsafe { Box::from_raw(cq) });
-                    set_errno(errno_of(&e));
-                    ptr::null_mut()
-                }
-            }
+            create_cq(context, cqe, cq_context, channel, vector, false).cast()
         })
     }
+}
+
+/// Creates a CQ (`extended`: with the `ibv_cq_ex` polling functions).
+fn create_cq(
+    context: *mut ibv_context,
+    cqe: u32,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    vector: u32,
+    extended: bool,
+) -> *mut ibv_cq_ex {
+    // SAFETY: a context this library opened, or NULL.
+    let Some(ctx) = (unsafe { context_ref(context) }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    // SAFETY: a channel from ibv_create_comp_channel, or NULL.
+    let ch = unsafe { wrapper::<_, Channel>(channel) };
+    if !channel.is_null() && ch.and_then(|c| c.rust.as_ref()).is_none() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let mut ibv = ibv_cq_ex::default();
+    ibv.context = context;
+    ibv.channel = channel;
+    ibv.cq_context = cq_context;
+    if extended {
+        fill_cq_ex_ops(&mut ibv);
+    }
+    let cq = Box::into_raw(Box::new(Cq {
+        ibv,
+        rust: None,
+        pending: Mutex::new(VecDeque::new()),
+        acked: Condvar::new(),
+        device: ctx.rust.device(),
+        current: Mutex::new(WorkCompletion::default()),
+    }));
+    let mut b = ctx
+        .rust
+        .cq_builder()
+        .cqe(cqe)
+        .comp_vector(vector)
+        .user_data(cq as u64);
+    if let Some(c) = ch.and_then(|c| c.rust.as_ref()) {
+        b = b.channel(c);
+    }
+    match b.build() {
+        Ok(rust) => {
+            // SAFETY: just made; nobody else has it yet.
+            let w = unsafe { &mut *cq };
+            w.ibv.handle = rust.handle() as u32;
+            w.ibv.cqe = rust.cqe() as c_int;
+            w.rust = Some(rust);
+            if !channel.is_null() {
+                refcnt(channel).fetch_add(1, Ordering::AcqRel);
+            }
+            cq.cast()
+        }
+        Err(e) => {
+            // SAFETY: made above, never handed out.
+            drop(unsafe { Box::from_raw(cq) });
+            set_errno(errno_of(&e));
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `verbs_context.create_cq_ex` (behind the inline `ibv_create_cq_ex`): the
+/// standard completion fields (`IBV_WC_STANDARD_FLAGS`); timestamps, VLAN,
+/// flow tags, tag matching and parent domains are not supported.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the caller passes a readable ibv_cq_init_attr_ex.
+        let Some(a) = (unsafe { attr.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let known_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+        let supported = a.wc_flags & !u64::from(IBV_WC_STANDARD_FLAGS) == 0
+            && a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS == 0
+            && (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS == 0 || a.flags & !known_flags == 0);
+        if !supported {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        create_cq(context, a.cqe, a.cq_context, a.channel, a.comp_vector, true)
+    })
+}
+
+fn fill_cq_ex_ops(q: &mut ibv_cq_ex) {
+    q.start_poll = Some(cq_start_poll);
+    q.next_poll = Some(cq_next_poll);
+    q.end_poll = Some(cq_end_poll);
+    q.read_opcode = Some(cq_read_opcode);
+    q.read_vendor_err = Some(cq_read_vendor_err);
+    q.read_byte_len = Some(cq_read_byte_len);
+    q.read_imm_data = Some(cq_read_imm_data);
+    q.read_qp_num = Some(cq_read_qp_num);
+    q.read_src_qp = Some(cq_read_src_qp);
+    q.read_wc_flags = Some(cq_read_wc_flags);
+    q.read_slid = Some(cq_read_slid);
+    q.read_sl = Some(cq_read_sl);
+    q.read_dlid_path_bits = Some(cq_read_dlid_path_bits);
+}
+
+/// Takes the next completion into the CQ's current one: 0, or ENOENT.
+fn cq_take_next(cq: *mut ibv_cq_ex) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: a CQ from ibv_create_cq_ex (the ibv_cq_ex is its wrapper's
+        // first field).
+        let Some(w) = (unsafe { wrapper::<_, Cq>(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(rust) = w.rust.as_ref() else {
+            return libc::EINVAL;
+        };
+        let mut one = [WorkCompletion::default()];
+        match rust.poll(&mut one) {
+            Ok(1) => {
+                let wc = one[0];
+                *lock(&w.current) = wc;
+                // SAFETY: live; the polling thread owns these fields between
+                // start_poll and end_poll.
+                unsafe {
+                    (*cq).wr_id = wc.wr_id;
+                    (*cq).status = wc.status as u32;
+                }
+                0
+            }
+            Ok(_) => libc::ENOENT,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+unsafe extern "C" fn cq_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: the caller passes a readable attr (or NULL).
+    if unsafe { attr.as_ref() }.is_some_and(|a| a.comp_mask != 0) {
+        return libc::EINVAL;
+    }
+    cq_take_next(cq)
+}
+
+unsafe extern "C" fn cq_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    cq_take_next(cq)
+}
+
+unsafe extern "C" fn cq_end_poll(_cq: *mut ibv_cq_ex) {}
+
+/// A field of the current completion.
+fn current<R: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&WorkCompletion) -> R) -> R {
+    guard(R::default(), || {
+        // SAFETY: as in cq_take_next.
+        match unsafe { wrapper::<_, Cq>(cq) } {
+            Some(w) => f(&lock(&w.current)),
+            None => R::default(),
+        }
+    })
+}
+
+unsafe extern "C" fn cq_read_opcode(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.opcode as u32)
+}
+unsafe extern "C" fn cq_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.vendor_err)
+}
+unsafe extern "C" fn cq_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.byte_len)
+}
+unsafe extern "C" fn cq_read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.imm_data.to_be())
+}
+unsafe extern "C" fn cq_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.qp_num)
+}
+unsafe extern "C" fn cq_read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.src_qp)
+}
+unsafe extern "C" fn cq_read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    current(cq, |w| w.wc_flags.bits())
+}
+unsafe extern "C" fn cq_read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| u32::from(w.slid))
+}
+unsafe extern "C" fn cq_read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    current(cq, |w| w.sl)
+}
+unsafe extern "C" fn cq_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    current(cq, |w| w.dlid_path_bits)
 }
 
 export! { "IBVERBS_1.1"

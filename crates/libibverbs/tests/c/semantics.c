@@ -219,6 +219,61 @@ int main(void)
 		}
 	}
 
+	/* The extended CQ: ibv_create_cq_ex with the standard fields, polled
+	 * with ibv_start_poll / ibv_next_poll / ibv_wc_read_*; fields it does
+	 * not have (timestamps) are EOPNOTSUPP. */
+	struct ibv_cq_init_attr_ex cxa = {
+		.cqe = 16,
+		.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+	};
+	errno = 0;
+	CHECK(ibv_create_cq_ex(ctx, &cxa) == NULL && errno == EOPNOTSUPP,
+	      "timestamps: errno %d", errno);
+	cxa.wc_flags = IBV_WC_STANDARD_FLAGS;
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cxa);
+	CHECK(cqx != NULL, "create_cq_ex: errno %d", errno);
+	if (cqx) {
+		struct ibv_qp_init_attr xa = ia;
+		xa.send_cq = xa.recv_cq = ibv_cq_ex_to_cq(cqx);
+		struct ibv_qp *xq = ibv_create_qp(pd, &xa);
+		struct ibv_qp *xr = ibv_create_qp(pd, &xa);
+		CHECK(xq && xr && connect_qp(xq, xr->qp_num, &gid) == 0 &&
+			      connect_qp(xr, xq->qp_num, &gid) == 0,
+		      "ex qps");
+		struct ibv_recv_wr xrwr = { .wr_id = 70, .sg_list = &rsge, .num_sge = 1 };
+		CHECK(ibv_post_recv(xr, &xrwr, &bad_rwr) == 0, "ex post_recv");
+		struct ibv_send_wr xs = s;
+		xs.wr_id = 71;
+		xs.imm_data = htonl(0x5151);
+		CHECK(ibv_post_send(xq, &xs, &bad_wr) == 0, "ex post_send");
+		struct ibv_poll_cq_attr pa = { 0 };
+		int seen = 0;
+		for (long spins = 0; seen < 2 && spins < 20000000; spins++) {
+			if (ibv_start_poll(cqx, &pa) == ENOENT)
+				continue;
+			do {
+				CHECK(cqx->status == IBV_WC_SUCCESS, "ex status %d", cqx->status);
+				if (cqx->wr_id == 70) {
+					CHECK(ibv_wc_read_opcode(cqx) == IBV_WC_RECV, "ex opcode");
+					CHECK(ibv_wc_read_byte_len(cqx) == 6, "ex byte_len");
+					CHECK(ntohl(ibv_wc_read_imm_data(cqx)) == 0x5151, "ex imm");
+					CHECK(ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM, "ex flags");
+					CHECK(ibv_wc_read_qp_num(cqx) == xr->qp_num, "ex qp_num");
+					CHECK(ibv_wc_read_src_qp(cqx) == xq->qp_num, "ex src_qp");
+				} else {
+					CHECK(cqx->wr_id == 71 &&
+						      ibv_wc_read_opcode(cqx) == IBV_WC_SEND,
+					      "ex send wc");
+				}
+				seen++;
+			} while (ibv_next_poll(cqx) == 0);
+			ibv_end_poll(cqx);
+		}
+		CHECK(seen == 2, "ex completions %d", seen);
+		CHECK(ibv_destroy_qp(xq) == 0 && ibv_destroy_qp(xr) == 0, "ex qps destroy");
+		CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0, "ex cq destroy");
+	}
+
 	/* ibv_rereg_mr: new access flags and new memory give new keys; the
 	 * MR's fields follow. No flags: IBV_REREG_MR_ERR_INPUT. */
 	char *buf2 = calloc(1, 4096);
