@@ -347,3 +347,35 @@ fn ibv_asyncwatch_sees_port_err_and_port_active() {
     let active = expect("PORT_ACTIVE");
     assert!(active.contains("port 1"), "{active}");
 }
+
+#[test]
+fn perftest_transports_and_options() {
+    perftest("ib_send_bw", &["-c", "UD", "-n", "300"]);
+    perftest("ib_send_lat", &["-c", "UD", "-n", "200"]);
+    perftest("ib_write_bw", &["-c", "UC", "-n", "300"]);
+    perftest("ib_send_bw", &["-c", "UC", "-n", "300"]);
+    perftest("ib_write_bw", &["-q", "4", "-n", "300"]);
+    perftest("ib_send_bw", &["--use-srq", "-n", "300"]);
+    perftest("ib_send_bw", &["-e", "-n", "300"]);
+    perftest("ib_read_bw", &["-o", "4", "-n", "300"]);
+    perftest("ib_atomic_bw", &["-A", "FETCH_AND_ADD", "-n", "300"]);
+}
+
+#[test]
+fn perftest_size_sweep() {
+    // -a: every size from 2 B to 8 MiB (23 rows, each parsed).
+    if let Some((_, c)) = pair("ib_write_bw", &["-a", "-n", "20"], "-p") {
+        let rows = c
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+            .skip(1)
+            .filter(|l| {
+                l.trim_start()
+                    .chars()
+                    .next()
+                    .is_some_and(|ch| ch.is_ascii_digit())
+            })
+            .count();
+        assert_eq!(rows, 23, "{c}");
+    }
+}
