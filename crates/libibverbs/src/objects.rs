@@ -6,6 +6,7 @@
 //! `user_data` is the C pointer: async events and completion events name
 //! the C object through it.
 
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
@@ -167,7 +168,8 @@ pub(crate) unsafe fn pd_ref<'a>(pd: *mut ibv_pd) -> Option<&'a ProtectionDomain>
 /// `ibv_mr` and its rverbs MR.
 #[repr(C)]
 pub(crate) struct Mr {
-    pub(crate) ibv: ibv_mr,
+    /// C reads it; rereg writes it (interior mutability).
+    pub(crate) ibv: UnsafeCell<ibv_mr>,
     pub(crate) rust: Option<MemoryRegion>,
 }
 
@@ -216,7 +218,7 @@ fn reg_mr(
                     rkey: mr.rkey(),
                 };
                 Box::into_raw(Box::new(Mr {
-                    ibv,
+                    ibv: UnsafeCell::new(ibv),
                     rust: Some(mr),
                 }))
                 .cast()
@@ -368,7 +370,8 @@ export! { "IBVERBS_1.1"
 /// `ibv_comp_channel` and its rverbs channel.
 #[repr(C)]
 pub(crate) struct Channel {
-    pub(crate) ibv: ibv_comp_channel,
+    /// `refcnt` is updated atomically (interior mutability).
+    pub(crate) ibv: UnsafeCell<ibv_comp_channel>,
     pub(crate) rust: Option<CompletionChannel>,
 }
 
@@ -390,7 +393,11 @@ export! { "IBVERBS_1.0"
                         fd: ch.as_raw_fd(),
                         refcnt: 0,
                     };
-                    Box::into_raw(Box::new(Channel { ibv, rust: Some(ch) })).cast()
+                    Box::into_raw(Box::new(Channel {
+                        ibv: UnsafeCell::new(ibv),
+                        rust: Some(ch),
+                    }))
+                    .cast()
                 }
                 Err(e) => {
                     set_errno(errno_of(&e));
@@ -438,7 +445,9 @@ fn refcnt<'a>(channel: *mut ibv_comp_channel) -> &'a AtomicI32 {
 /// completion events read and not yet acknowledged.
 #[repr(C)]
 pub(crate) struct Cq {
-    pub(crate) ibv: ibv_cq_ex,
+    /// Counters, `cqe`, `wr_id`/`status` change after creation (interior
+    /// mutability: written through raw pointers while `&Cq`s exist).
+    pub(crate) ibv: UnsafeCell<ibv_cq_ex>,
     pub(crate) rust: Option<CompletionQueue>,
     pending: Mutex<VecDeque<CqEvent>>,
     acked: Condvar,
@@ -505,7 +514,7 @@ fn create_cq(
         fill_cq_ex_ops(&mut ibv);
     }
     let cq = Box::into_raw(Box::new(Cq {
-        ibv,
+        ibv: UnsafeCell::new(ibv),
         rust: None,
         pending: Mutex::new(VecDeque::new()),
         acked: Condvar::new(),
@@ -525,8 +534,8 @@ fn create_cq(
         Ok(rust) => {
             // SAFETY: just made; nobody else has it yet.
             let w = unsafe { &mut *cq };
-            w.ibv.handle = rust.handle() as u32;
-            w.ibv.cqe = rust.cqe() as c_int;
+            w.ibv.get_mut().handle = rust.handle() as u32;
+            w.ibv.get_mut().cqe = rust.cqe() as c_int;
             w.rust = Some(rust);
             if !channel.is_null() {
                 refcnt(channel).fetch_add(1, Ordering::AcqRel);
@@ -738,7 +747,8 @@ export! { "IBVERBS_1.1"
                     Err(errno) => return errno,
                 }
             }
-            let channel = wr.ibv.channel;
+            // SAFETY: the cell's content is live; set at creation only.
+            let channel = unsafe { (*wr.ibv.get()).channel };
             if !channel.is_null() {
                 // The channel outlives its CQs (its destroy is refused while
                 // refcnt is not 0).
@@ -782,7 +792,7 @@ export! { "IBVERBS_1.1"
             }
             if !cq_context.is_null() {
                 // SAFETY: as above.
-                unsafe { *cq_context = w.ibv.cq_context };
+                unsafe { *cq_context = (*w.ibv.get()).cq_context };
             }
             lock(&w.pending).push_back(ev);
             0

@@ -2,6 +2,7 @@
 //! lists of `ibv_send_wr` / `ibv_recv_wr` become rverbs work requests, and a
 //! refused one is reported through `bad_wr` as libibverbs does.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::Mutex;
@@ -124,7 +125,10 @@ unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
 /// QP, with the batch of work requests the `wr_*` calls are building.
 #[repr(C)]
 pub(crate) struct Qp {
-    pub(crate) ibv: ibv_qp_ex,
+    /// `state` and the `wr_*` fields change after creation (interior
+    /// mutability: written through raw pointers, by C and by this library,
+    /// while `&Qp`s exist).
+    pub(crate) ibv: UnsafeCell<ibv_qp_ex>,
     pub(crate) rust: Option<QueuePair>,
     /// Created with send ops (`ibv_create_qp_ex`): `ibv_qp_to_qp_ex` gives
     /// the `ibv_qp_ex`.
@@ -218,7 +222,7 @@ fn create_qp(c: &mut CreateQp) -> *mut ibv_qp {
         fill_wr_ops(&mut ibv);
     }
     let qp = Box::into_raw(Box::new(Qp {
-        ibv,
+        ibv: UnsafeCell::new(ibv),
         rust: None,
         extended: c.extended,
         sq_sig_all: c.sq_sig_all,
@@ -239,8 +243,8 @@ fn create_qp(c: &mut CreateQp) -> *mut ibv_qp {
             c.cap = c_caps(&rust.caps());
             // SAFETY: just made; not handed out yet.
             let w = unsafe { &mut *qp };
-            w.ibv.qp_base.handle = rust.handle() as u32;
-            w.ibv.qp_base.qp_num = rust.qp_num();
+            w.ibv.get_mut().qp_base.handle = rust.handle() as u32;
+            w.ibv.get_mut().qp_base.qp_num = rust.qp_num();
             w.rust = Some(rust);
             qp.cast()
         }
@@ -709,7 +713,8 @@ unsafe extern "C" fn post_recv(
 /// `ibv_srq` and its rverbs SRQ.
 #[repr(C)]
 pub(crate) struct Srq {
-    pub(crate) ibv: ibv_srq,
+    /// `events_completed` changes after creation (interior mutability).
+    pub(crate) ibv: UnsafeCell<ibv_srq>,
     pub(crate) rust: Option<SharedReceiveQueue>,
 }
 
@@ -737,7 +742,10 @@ export! { "IBVERBS_1.1"
             ibv.context = unsafe { (*pd).context };
             ibv.srq_context = attr.srq_context;
             ibv.pd = pd;
-            let srq = Box::into_raw(Box::new(Srq { ibv, rust: None }));
+            let srq = Box::into_raw(Box::new(Srq {
+                ibv: UnsafeCell::new(ibv),
+                rust: None,
+            }));
             let a = SrqAttr {
                 max_wr: attr.attr.max_wr,
                 max_sge: attr.attr.max_sge,
@@ -747,7 +755,7 @@ export! { "IBVERBS_1.1"
                 Ok(rust) => {
                     // SAFETY: just made; not handed out yet.
                     let w = unsafe { &mut *srq };
-                    w.ibv.handle = rust.handle() as u32;
+                    w.ibv.get_mut().handle = rust.handle() as u32;
                     if let Ok(q) = rust.query() {
                         // SAFETY: the caller's init_attr (readable above) is
                         // writable too, as ibv_create_srq's contract says.
@@ -1089,7 +1097,9 @@ fn with_batch(qp: *mut ibv_qp_ex, f: impl FnOnce(&ibv_qp_ex, &mut Batch)) {
             return;
         };
         let mut b = crate::objects::lock(&w.batch);
-        f(&w.ibv, &mut b);
+        // SAFETY: the QP's C struct is live; the program does not write its
+        // wr_id / wr_flags during a wr_* call it made.
+        f(unsafe { &*w.ibv.get() }, &mut b);
     })
 }
 
