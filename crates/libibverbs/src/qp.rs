@@ -607,6 +607,12 @@ unsafe extern "C" fn post_send(
             };
             let mut inline = Vec::new();
             if w.send_flags & IBV_SEND_INLINE != 0 {
+                // Checked before anything is read: no copy of an oversized
+                // "inline" buffer.
+                let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+                if total > u64::from(rust.caps().max_inline_data) {
+                    return fail(at, libc::EINVAL);
+                }
                 for s in &list {
                     if s.length > 0 {
                         // SAFETY: inline data is read from the program's
@@ -980,13 +986,13 @@ export! { "IBVERBS_1.1"
     /// `ibv_init_ah_from_wc`: 0, or -1 with errno.
     pub unsafe extern "C" fn ibv_init_ah_from_wc(
         context: *mut ibv_context,
-        _port_num: u8,
+        port_num: u8,
         wc: *mut ibv_wc,
         grh: *mut ibv_grh,
         ah_attr_out: *mut ibv_ah_attr,
     ) -> c_int {
         guard(-1, || {
-            if ah_attr_out.is_null() {
+            if ah_attr_out.is_null() || port_num != 1 {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1012,10 +1018,10 @@ export! { "IBVERBS_1.1"
         pd: *mut ibv_pd,
         wc: *mut ibv_wc,
         grh: *mut ibv_grh,
-        _port_num: u8,
+        port_num: u8,
     ) -> *mut ibv_ah {
         guard(ptr::null_mut(), || {
-            if pd.is_null() {
+            if pd.is_null() || port_num != 1 {
                 set_errno(libc::EINVAL);
                 return ptr::null_mut();
             }
