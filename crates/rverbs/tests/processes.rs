@@ -33,6 +33,7 @@ fn main() {
             "multicast_reaches_other_processes",
             multicast_across_processes,
         ),
+        ("multicast_crosses_a_veth_link", multicast_across_namespaces),
     ];
     let mut failed = Vec::new();
     let mut ran = 0;
@@ -265,6 +266,81 @@ fn multicast_across_processes() {
         assert_eq!(line.trim(), "got hello group", "receiver {}", n + 1);
         assert!(status.success(), "receiver {}", n + 1);
     }
+}
+
+/// Two hosts: network namespaces joined by a veth pair; a receiver in one
+/// attaches to a group, a sender in the other sends to it. Needs root and
+/// iproute2 (skipped without, unless `CI` is set).
+fn multicast_across_namespaces() {
+    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    let Some(ip) = ip.filter(|_| root) else {
+        assert!(std::env::var_os("CI").is_none(), "needs root and ip in CI");
+        eprintln!("skipped: needs root and ip (iproute2)");
+        return;
+    };
+    let pid = std::process::id();
+    let (na, nb) = (format!("rvmca{pid}"), format!("rvmcb{pid}"));
+    let sh = |args: &[&str]| {
+        let o = Command::new(ip).args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    struct Cleanup(&'static str, [String; 2]);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for n in &self.1 {
+                let _ = Command::new(self.0).args(["netns", "delete", n]).status();
+            }
+        }
+    }
+    sh(&["netns", "add", &na]);
+    sh(&["netns", "add", &nb]);
+    let _cleanup = Cleanup(ip, [na.clone(), nb.clone()]);
+    sh(&[
+        "link", "add", "rvma0", "netns", &na, "type", "veth", "peer", "name", "rvmb0", "netns", &nb,
+    ]);
+    for (ns, dev, addr) in [
+        (&na, "rvma0", "10.98.0.1/24"),
+        (&nb, "rvmb0", "10.98.0.2/24"),
+    ] {
+        sh(&["-n", ns, "addr", "add", addr, "dev", dev]);
+        sh(&["-n", ns, "link", "set", dev, "up"]);
+        sh(&["-n", ns, "link", "set", "lo", "up"]);
+    }
+    let group = format!("239.{}.{}.9", 1 + (pid >> 8) % 250, pid % 256);
+    let exe = std::env::current_exe().unwrap();
+    let in_ns = |ns: &str, mode: &str, addr: &str| {
+        let mut c = Command::new(ip);
+        c.args(["netns", "exec", ns])
+            .arg(&exe)
+            .args(["--child", mode, &group])
+            .env_remove("RVERBS_CONFIG")
+            .env("RVERBS_ADDR", addr);
+        c
+    };
+    let mut recv = in_ns(&na, "mcast-recv", "10.98.0.1");
+    recv.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = recv.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "joined");
+    let sent = run(in_ns(&nb, "mcast-send", "10.98.0.2"));
+    assert!(sent.ok, "sender: {}", sent.stderr);
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(line.trim(), "got hello group");
+    assert!(status.success());
 }
 
 // ---- children ----
