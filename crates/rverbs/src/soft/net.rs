@@ -489,9 +489,9 @@ impl Engine {
     }
 
     /// Runs `f` on QP `qpn`'s slot, then transmits what it owes and
-    /// delivers its completions, on the caller's thread. Plain ACKs follow
-    /// `acks`: posts and queries hold them back (they coalesce and leave
-    /// when due, off the caller's path); a modify sends them.
+    /// delivers its completions, on the caller's thread. A verb that sends
+    /// nothing itself (post_recv, query) holds plain ACKs back with `acks`,
+    /// so they leave with the next post_send.
     pub(crate) fn with_qp<R>(
         &self,
         dev: &SoftDevice,

@@ -559,9 +559,7 @@ impl QueuePair {
         let dev = &core.ctx.device;
         let caps = core.caps;
         dev.engine
-            // A held ACK does not ride along: each post sends only its own
-            // packets (see docs/design.md, "Held ACKs").
-            .with_qp(dev, AckPolicy::Hold, core.qpn, |slot| {
+            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
                 let state = slot.state();
                 // All or none: the WRs checked, waiting to be posted, and
                 // the PSNs they take.

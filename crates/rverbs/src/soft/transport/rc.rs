@@ -35,9 +35,8 @@ pub(crate) enum AckPolicy {
     Now,
     /// Hold it back for up to [`ACK_HOLD`], coalescing with later ACKs: a
     /// thread that polls a CQ gets its completion without first paying for
-    /// the ACK's send, a post sends only its own packets, and the ACK leaves
-    /// behind other responses, with the engine thread's next idle pass, or
-    /// when its time is up.
+    /// the ACK's send, and the ACK leaves with the next post (a ping-pong
+    /// reply), the next pass, or when its time is up.
     Hold,
 }
 
