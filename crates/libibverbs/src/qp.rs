@@ -7,10 +7,12 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::Mutex;
 
+use smallvec::SmallVec;
+
 use rverbs::{
-    AccessFlags, AddressHandle, AhAttr, Gid, Mtu, Payload, QpAttr, QpAttrMask, QpCaps, QpState,
-    QpType, QueuePair, RecvWr, SendFlags, SendWr, Sge, SharedReceiveQueue, SrqAttr, SrqAttrMask,
-    UdAddress, WrOpcode,
+    AccessFlags, AddressHandle, AhAttr, ErrorDetail, Gid, Mtu, Payload, QpAttr, QpAttrMask, QpCaps,
+    QpState, QpType, QueuePair, RecvWr, SendFlags, SendWr, Sge, SharedReceiveQueue, SrqAttr,
+    SrqAttrMask, UdAddress, WrOpcode,
 };
 use rverbs_ibverbs::abi::*;
 
@@ -94,14 +96,17 @@ fn c_caps(c: &QpCaps) -> ibv_qp_cap {
     }
 }
 
+/// A WR's scatter/gather list: a few entries without a heap allocation.
+type SgeVec = SmallVec<[Sge; 4]>;
+
 /// The SGE list of a C work request.
 ///
 /// # Safety
 /// `sg_list` must hold `num_sge` entries (or be anything when it is 0).
-unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<Sge>> {
+unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<SgeVec> {
     let n = usize::try_from(num_sge).ok()?;
     if n == 0 {
-        return Some(Vec::new());
+        return Some(SgeVec::new());
     }
     if sg_list.is_null() {
         return None;
@@ -156,7 +161,7 @@ struct PendingWr {
     wr_id: u64,
     flags: SendFlags,
     opcode: WrOpcode,
-    sges: Vec<Sge>,
+    sges: SgeVec,
     inline: Option<Vec<u8>>,
     ud: Option<(*mut ibv_ah, u32, u32)>,
 }
@@ -512,13 +517,12 @@ export! { "IBVERBS_1.1"
     }
 }
 
-/// Converts one C send WR (its SGEs and inline bytes land in `sges` and
-/// `inline`, which the result borrows).
+/// The operation and flags of a C send WR; `None` for an opcode rverbs
+/// does not carry.
 ///
 /// # Safety
-/// `wr` must be a valid C send WR; inline data is read straight from the
-/// addresses its SGEs name, as libibverbs does.
-unsafe fn send_wr<'a>(wr: &ibv_send_wr, sges: &'a [Sge], inline: &'a [u8]) -> Option<SendWr<'a>> {
+/// `wr` must be a valid C send WR.
+unsafe fn opcode_and_flags(wr: &ibv_send_wr) -> Option<(WrOpcode, SendFlags)> {
     // SAFETY: the union member read is the one the opcode selects.
     let opcode = unsafe {
         match wr.opcode {
@@ -554,35 +558,93 @@ unsafe fn send_wr<'a>(wr: &ibv_send_wr, sges: &'a [Sge], inline: &'a [u8]) -> Op
         }
     };
     let mut flags = SendFlags::empty();
-    if wr.send_flags & IBV_SEND_FENCE != 0 {
-        flags |= SendFlags::FENCE;
+    for (c, f) in [
+        (IBV_SEND_FENCE, SendFlags::FENCE),
+        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
+        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
+        (IBV_SEND_INLINE, SendFlags::INLINE),
+    ] {
+        if wr.send_flags & c != 0 {
+            flags |= f;
+        }
     }
-    if wr.send_flags & IBV_SEND_SIGNALED != 0 {
-        flags |= SendFlags::SIGNALED;
+    Some((opcode, flags))
+}
+
+/// One C send WR taken apart: what the rverbs WR borrows.
+struct CSendWr<'a> {
+    at: *mut ibv_send_wr,
+    wr_id: u64,
+    opcode: WrOpcode,
+    flags: SendFlags,
+    sges: SgeVec,
+    /// Inline data, copied from the program's memory at post time.
+    inline: SmallVec<[u8; 64]>,
+    ud: Option<UdAddress<'a>>,
+}
+
+/// Takes a C send WR apart; the errno when it cannot be posted.
+///
+/// # Safety
+/// `at` must be a valid C send WR; inline data is read straight from the
+/// addresses its SGEs name, as libibverbs does.
+unsafe fn c_send_wr<'a>(at: *mut ibv_send_wr, qp: &QueuePair) -> Result<CSendWr<'a>, c_int> {
+    // SAFETY: per the caller.
+    let w = unsafe { &*at };
+    // SAFETY: sg_list holds num_sge entries.
+    let sges = unsafe { sges(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
+    // SAFETY: a valid WR.
+    let (opcode, flags) = unsafe { opcode_and_flags(w) }.ok_or(libc::EINVAL)?;
+    let mut inline = SmallVec::new();
+    if flags.contains(SendFlags::INLINE) {
+        // Checked before anything is read: no copy of an oversized
+        // "inline" buffer.
+        let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+        if total > u64::from(qp.caps().max_inline_data) {
+            return Err(libc::EINVAL);
+        }
+        for s in sges.iter().filter(|s| s.length > 0) {
+            // SAFETY: inline data is read from the program's own memory at
+            // the SGE's address, as libibverbs does; the program guarantees
+            // it is readable.
+            inline.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
+            });
+        }
     }
-    if wr.send_flags & IBV_SEND_SOLICITED != 0 {
-        flags |= SendFlags::SOLICITED;
-    }
-    let payload = if wr.send_flags & IBV_SEND_INLINE != 0 {
-        flags |= SendFlags::INLINE;
-        Payload::Inline(inline)
+    let ud = if qp.qp_type() == QpType::Ud {
+        // SAFETY: for UD the `ud` member is the one in use.
+        let ud = unsafe { w.wr.ud };
+        // SAFETY: an AH from ibv_create_ah, or NULL.
+        let ah = unsafe { ah_ref(ud.ah) }.ok_or(libc::EINVAL)?;
+        Some(UdAddress {
+            ah,
+            remote_qpn: ud.remote_qpn,
+            remote_qkey: ud.remote_qkey,
+        })
     } else {
-        Payload::Sges(sges)
+        None
     };
-    Some(SendWr {
-        wr_id: wr.wr_id,
+    Ok(CSendWr {
+        at,
+        wr_id: w.wr_id,
         opcode,
-        payload,
         flags,
-        ud: None,
+        sges,
+        inline,
+        ud,
     })
 }
 
-/// `ops.post_send` (behind the inline `ibv_post_send`): 0, or an errno with
-/// `*bad_wr` at the WR refused (the ones before it were posted).
-unsafe extern "C" fn post_send(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
+/// Posts the WRs of a C list as one rverbs list — one pass of the engine for
+/// the whole list: 0, or the errno with `*bad_wr` at the WR refused (those
+/// before it are posted, as libibverbs does).
+///
+/// # Safety
+/// `first` must be a valid list; `bad_wr` writable or NULL.
+unsafe fn post_send_chain(
+    qp: &QueuePair,
+    first: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     let fail = |at: *mut ibv_send_wr, errno: c_int| {
@@ -592,109 +654,117 @@ unsafe extern "C" fn post_send(
         }
         errno
     };
+    let mut taken: SmallVec<[CSendWr<'_>; 4]> = SmallVec::new();
+    let mut refused = None;
+    let mut at = first;
+    while !at.is_null() {
+        // SAFETY: a valid list, per the caller.
+        match unsafe { c_send_wr(at, qp) } {
+            Ok(c) => taken.push(c),
+            Err(errno) => {
+                refused = Some((at, errno));
+                break;
+            }
+        }
+        // SAFETY: as above.
+        at = unsafe { (*at).next };
+    }
+    let wrs: SmallVec<[SendWr<'_>; 4]> = taken
+        .iter()
+        .map(|c| SendWr {
+            wr_id: c.wr_id,
+            opcode: c.opcode,
+            payload: if c.flags.contains(SendFlags::INLINE) {
+                Payload::Inline(&c.inline)
+            } else {
+                Payload::Sges(&c.sges)
+            },
+            flags: c.flags,
+            ud: c.ud,
+        })
+        .collect();
+    if let Err(e) = qp.post_send_list(&wrs) {
+        let at = match e.detail() {
+            Some(ErrorDetail::BadWr { index }) => taken.get(index).map_or(first, |c| c.at),
+            _ => first,
+        };
+        return fail(at, errno_of(&e));
+    }
+    match refused {
+        Some((at, errno)) => fail(at, errno),
+        None => 0,
+    }
+}
+
+/// `ops.post_send` (behind the inline `ibv_post_send`): 0, or an errno with
+/// `*bad_wr` at the WR refused (the ones before it were posted).
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: a QP from ibv_create_qp, or NULL.
         let Some(rust) = (unsafe { qp_ref(qp) }) else {
-            return fail(wr, libc::EINVAL);
+            if !bad_wr.is_null() {
+                // SAFETY: the caller passes a writable pointer slot.
+                unsafe { *bad_wr = wr };
+            }
+            return libc::EINVAL;
         };
-        let mut at = wr;
-        while !at.is_null() {
-            // SAFETY: a list of valid WRs, as the caller promises.
-            let w = unsafe { &*at };
-            // SAFETY: sg_list holds num_sge entries.
-            let Some(list) = (unsafe { sges(w.sg_list, w.num_sge) }) else {
-                return fail(at, libc::EINVAL);
-            };
-            let mut inline = Vec::new();
-            if w.send_flags & IBV_SEND_INLINE != 0 {
-                // Checked before anything is read: no copy of an oversized
-                // "inline" buffer.
-                let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-                if total > u64::from(rust.caps().max_inline_data) {
-                    return fail(at, libc::EINVAL);
-                }
-                for s in &list {
-                    if s.length > 0 {
-                        // SAFETY: inline data is read from the program's
-                        // own memory at the SGE's address, as libibverbs
-                        // does; the program guarantees it is readable.
-                        let bytes = unsafe {
-                            std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
-                        };
-                        inline.extend_from_slice(bytes);
-                    }
-                }
-            }
-            // SAFETY: w is a valid WR (see above).
-            let Some(mut one) = (unsafe { send_wr(w, &list, &inline) }) else {
-                return fail(at, libc::EINVAL);
-            };
-            let ah_holder;
-            if rust.qp_type() == QpType::Ud {
-                // SAFETY: for UD the `ud` member is the one in use.
-                let ud = unsafe { w.wr.ud };
-                // SAFETY: an AH from ibv_create_ah, or NULL.
-                let Some(ah) = (unsafe { ah_ref(ud.ah) }) else {
-                    return fail(at, libc::EINVAL);
-                };
-                ah_holder = ah;
-                one.ud = Some(UdAddress {
-                    ah: ah_holder,
-                    remote_qpn: ud.remote_qpn,
-                    remote_qkey: ud.remote_qkey,
-                });
-            }
-            if let Err(e) = rust.post_send(&one) {
-                return fail(at, errno_of(&e));
-            }
-            at = w.next;
-        }
-        0
+        // SAFETY: the caller passes a valid list and a writable bad_wr.
+        unsafe { post_send_chain(rust, wr, bad_wr) }
     })
 }
 
-/// Receive WRs of a C list, or the first bad one.
+/// Posts the WRs of a C receive list with `post` (one rverbs list, one
+/// pass of the engine): 0, or the errno with `*bad_wr` at the WR refused
+/// (those before it are posted).
 ///
 /// # Safety
-/// `wr` must be a valid list of C receive WRs.
-unsafe fn for_each_recv(
-    wr: *mut ibv_recv_wr,
-    mut post: impl FnMut(&RecvWr<'_>) -> Result<(), c_int>,
-) -> Result<(), (*mut ibv_recv_wr, c_int)> {
-    let mut at = wr;
+/// `first` must be a valid list; `bad_wr` writable or NULL.
+unsafe fn post_recv_chain(
+    first: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl FnOnce(&[RecvWr<'_>]) -> rverbs::Result<()>,
+) -> c_int {
+    let fail = |at: *mut ibv_recv_wr, errno: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: per the caller.
+            unsafe { *bad_wr = at };
+        }
+        errno
+    };
+    let mut taken: SmallVec<[(*mut ibv_recv_wr, u64, SgeVec); 4]> = SmallVec::new();
+    let mut refused = None;
+    let mut at = first;
     while !at.is_null() {
         // SAFETY: per the caller.
         let w = unsafe { &*at };
         // SAFETY: sg_list holds num_sge entries.
-        let Some(list) = (unsafe { sges(w.sg_list, w.num_sge) }) else {
-            return Err((at, libc::EINVAL));
-        };
-        post(&RecvWr::new(w.wr_id, &list)).map_err(|e| (at, e))?;
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            Some(list) => taken.push((at, w.wr_id, list)),
+            None => {
+                refused = Some(at);
+                break;
+            }
+        }
         at = w.next;
     }
-    Ok(())
-}
-
-/// Posts a C receive WR list with `post`: 0, or the errno with `*bad_wr` at
-/// the WR refused.
-///
-/// # Safety
-/// `wr` must be a valid list; `bad_wr` writable or NULL.
-unsafe fn post_recv_chain(
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-    post: impl FnMut(&RecvWr<'_>) -> Result<(), c_int>,
-) -> c_int {
-    // SAFETY: per the caller.
-    match unsafe { for_each_recv(wr, post) } {
-        Ok(()) => 0,
-        Err((at, errno)) => {
-            if !bad_wr.is_null() {
-                // SAFETY: per the caller.
-                unsafe { *bad_wr = at };
-            }
-            errno
-        }
+    let wrs: SmallVec<[RecvWr<'_>; 4]> = taken
+        .iter()
+        .map(|(_, wr_id, list)| RecvWr::new(*wr_id, list))
+        .collect();
+    if let Err(e) = post(&wrs) {
+        let at = match e.detail() {
+            Some(ErrorDetail::BadWr { index }) => taken.get(index).map_or(first, |t| t.0),
+            _ => first,
+        };
+        return fail(at, errno_of(&e));
+    }
+    match refused {
+        Some(at) => fail(at, libc::EINVAL),
+        None => 0,
     }
 }
 
@@ -710,7 +780,7 @@ unsafe extern "C" fn post_recv(
             return libc::EINVAL;
         };
         // SAFETY: the caller passes a valid list and a writable bad_wr.
-        unsafe { post_recv_chain(wr, bad_wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) }
+        unsafe { post_recv_chain(wr, bad_wr, |wrs| rust.post_recv_list(wrs)) }
     })
 }
 
@@ -886,7 +956,7 @@ unsafe extern "C" fn post_srq_recv(
             return libc::EINVAL;
         };
         // SAFETY: the caller passes a valid list and a writable bad_wr.
-        unsafe { post_recv_chain(wr, bad_wr, |r| rust.post_recv(r).map_err(|e| errno_of(&e))) }
+        unsafe { post_recv_chain(wr, bad_wr, |wrs| rust.post_recv_list(wrs)) }
     })
 }
 
@@ -1131,7 +1201,7 @@ fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode) {
             wr_id: q.wr_id,
             flags,
             opcode,
-            sges: Vec::new(),
+            sges: SgeVec::new(),
             inline: None,
             ud: None,
         });
@@ -1319,7 +1389,7 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     current(qp, |w| {
         w.inline = None;
-        w.sges = vec![Sge { addr, length, lkey }];
+        w.sges = smallvec::smallvec![Sge { addr, length, lkey }];
     });
 }
 
