@@ -17,7 +17,7 @@ use std::sync::{Mutex, OnceLock};
 use rverbs::{AsyncEvent, AsyncEventElement};
 use rverbs_ibverbs::abi::*;
 
-use crate::ffi::{errno_of, guard, set_errno};
+use crate::ffi::{errno_of, guard, neg, null, set_errno};
 
 /// A device as C sees it: `ibv` first, so a `*mut ibv_device` is a
 /// `*mut Device`.
@@ -90,8 +90,7 @@ export! { "IBVERBS_1.1"
             let devices = match rverbs::devices() {
                 Ok(d) => d,
                 Err(e) => {
-                    set_errno(errno_of(&e));
-                    return ptr::null_mut();
+                    return null(errno_of(&e));
                 }
             };
             let n = devices.len();
@@ -99,8 +98,7 @@ export! { "IBVERBS_1.1"
             let list = unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ibv_device>()) }
                 .cast::<*mut ibv_device>();
             if list.is_null() {
-                set_errno(libc::ENOMEM);
-                return ptr::null_mut();
+                return null(libc::ENOMEM);
             }
             for (i, dev) in devices.into_iter().enumerate() {
                 let d = c_device(dev);
@@ -155,8 +153,7 @@ export! { "IBVERBS_1.9"
     pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
         // SAFETY: a device pointer from ibv_get_device_list, or NULL.
         let Some(d) = (unsafe { device_ref(device) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
+            return neg(libc::EINVAL);
         };
         let list = registry().lock().unwrap_or_else(|p| p.into_inner());
         list.iter()
@@ -225,14 +222,12 @@ export! { "IBVERBS_1.1"
         guard(ptr::null_mut(), || {
             // SAFETY: a device pointer from ibv_get_device_list, or NULL.
             let Some(d) = (unsafe { device_ref(device) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             let rust = match d.rust.open() {
                 Ok(c) => c,
                 Err(e) => {
-                    set_errno(errno_of(&e));
-                    return ptr::null_mut();
+                    return null(errno_of(&e));
                 }
             };
             let mut vctx = verbs_context::default();
@@ -282,14 +277,12 @@ export! { "IBVERBS_1.1"
         guard(-1, || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             let at = ptr::from_ref(ctx).cast_mut();
             let mut open = open_contexts();
             let Some(i) = open.iter().position(|&c| c == at as usize) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             open.swap_remove(i);
             if leak_check() {
@@ -543,16 +536,13 @@ export! { "IBVERBS_1.1"
         guard(-1, || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             let Ok(index) = u32::try_from(index) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             if gid.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             }
             match ctx.rust.query_gid(port_num, index) {
                 Ok(g) => {
@@ -560,10 +550,7 @@ export! { "IBVERBS_1.1"
                     unsafe { gid.write(ibv_gid { raw: *g.raw() }) };
                     0
                 }
-                Err(e) => {
-                    set_errno(errno_of(&e));
-                    -1
-                }
+                Err(e) => neg(errno_of(&e)),
             }
         })
     }
@@ -580,16 +567,13 @@ export! { "IBVERBS_1.1"
         guard(-1, || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             let Ok(index) = u16::try_from(index) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             if pkey.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             }
             match ctx.rust.query_pkey(port_num, index) {
                 Ok(p) => {
@@ -597,10 +581,7 @@ export! { "IBVERBS_1.1"
                     unsafe { pkey.write(p.to_be()) };
                     0
                 }
-                Err(e) => {
-                    set_errno(errno_of(&e));
-                    -1
-                }
+                Err(e) => neg(errno_of(&e)),
             }
         })
     }
@@ -617,14 +598,12 @@ export! { "IBVERBS_1.5"
         guard(-1, || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             let len = match ctx.rust.query_port(port_num) {
                 Ok(p) => p.pkey_tbl_len,
                 Err(e) => {
-                    set_errno(errno_of(&e));
-                    return -1;
+                    return neg(errno_of(&e));
                 }
             };
             for i in 0..len {
@@ -632,8 +611,7 @@ export! { "IBVERBS_1.5"
                     return c_int::from(i);
                 }
             }
-            set_errno(libc::ENOENT);
-            -1
+            neg(libc::ENOENT)
         })
     }
 }
@@ -737,12 +715,10 @@ export! { "IBVERBS_PRIVATE_34"
         guard(-1, || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             if gid_type.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             }
             match gid_entry(ctx, port_num, index) {
                 Ok(e) => {
@@ -751,10 +727,7 @@ export! { "IBVERBS_PRIVATE_34"
                     unsafe { gid_type.write(sysfs) };
                     0
                 }
-                Err(e) => {
-                    set_errno(e);
-                    -1
-                }
+                Err(e) => neg(e),
             }
         })
     }
@@ -770,18 +743,15 @@ export! { "IBVERBS_1.1"
         guard(-1, || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             if event.is_null() {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             }
             let ev = match ctx.rust.get_async_event() {
                 Ok(ev) => ev,
                 Err(e) => {
-                    set_errno(errno_of(&e));
-                    return -1;
+                    return neg(errno_of(&e));
                 }
             };
             let mut out = ibv_async_event::default();

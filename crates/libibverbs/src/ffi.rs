@@ -9,6 +9,19 @@ pub(crate) fn set_errno(value: i32) {
     unsafe { *libc::__errno_location() = value };
 }
 
+/// -1 with errno `e`: how ibv_query_gid, ibv_get_cq_event and others fail.
+pub(crate) fn neg(e: i32) -> std::ffi::c_int {
+    set_errno(e);
+    -1
+}
+
+/// NULL with errno `e`: how the constructors (ibv_open_device,
+/// ibv_create_cq …) fail.
+pub(crate) fn null<T>(e: i32) -> *mut T {
+    set_errno(e);
+    std::ptr::null_mut()
+}
+
 /// Runs `f`; a panic becomes `on_panic` (after setting errno to EIO), so no
 /// unwind crosses into C.
 pub(crate) fn guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {

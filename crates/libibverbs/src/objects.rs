@@ -20,7 +20,7 @@ use rverbs::{
 use rverbs_ibverbs::abi::*;
 
 use crate::device::context_ref;
-use crate::ffi::{errno_of, guard, set_errno};
+use crate::ffi::{errno_of, guard, neg, null, set_errno};
 
 /// Fills the ops slots the inline wrappers of verbs.h call.
 pub(crate) fn fill_ops(ops: &mut ibv_context_ops) {
@@ -122,8 +122,7 @@ export! { "IBVERBS_1.1"
         guard(ptr::null_mut(), || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             match ctx.rust.alloc_pd() {
                 Ok(pd) => {
@@ -133,10 +132,7 @@ export! { "IBVERBS_1.1"
                     };
                     Box::into_raw(Box::new(Pd { ibv, rust: Some(pd) })).cast()
                 }
-                Err(e) => {
-                    set_errno(errno_of(&e));
-                    ptr::null_mut()
-                }
+                Err(e) => null(errno_of(&e)),
             }
         })
     }
@@ -190,12 +186,10 @@ fn reg_mr(
     guard(ptr::null_mut(), || {
         // SAFETY: a PD from ibv_alloc_pd, or NULL.
         let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+            return null(libc::EINVAL);
         };
         let Some(flags) = access_flags(access) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+            return null(libc::EINVAL);
         };
         // rdma-core 44's ibv_reg_mr marks the range don't-fork, which makes
         // a later ibv_fork_init too late.
@@ -223,10 +217,7 @@ fn reg_mr(
                 }))
                 .cast()
             }
-            Err(e) => {
-                set_errno(errno_of(&e));
-                ptr::null_mut()
-            }
+            Err(e) => null(errno_of(&e)),
         }
     })
 }
@@ -382,8 +373,7 @@ export! { "IBVERBS_1.0"
         guard(ptr::null_mut(), || {
             // SAFETY: a context this library opened, or NULL.
             let Some(ctx) = (unsafe { context_ref(context) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             match ctx.rust.create_comp_channel() {
                 Ok(ch) => {
@@ -399,10 +389,7 @@ export! { "IBVERBS_1.0"
                     }))
                     .cast()
                 }
-                Err(e) => {
-                    set_errno(errno_of(&e));
-                    ptr::null_mut()
-                }
+                Err(e) => null(errno_of(&e)),
             }
         })
     }
@@ -478,8 +465,7 @@ export! { "IBVERBS_1.1"
     ) -> *mut ibv_cq {
         guard(ptr::null_mut(), || {
             let (Ok(cqe), Ok(vector)) = (u32::try_from(cqe), u32::try_from(comp_vector)) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             create_cq(context, cqe, cq_context, channel, vector, false).cast()
         })
@@ -497,14 +483,12 @@ fn create_cq(
 ) -> *mut ibv_cq_ex {
     // SAFETY: a context this library opened, or NULL.
     let Some(ctx) = (unsafe { context_ref(context) }) else {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     };
     // SAFETY: a channel from ibv_create_comp_channel, or NULL.
     let ch = unsafe { wrapper::<_, Channel>(channel) };
     if !channel.is_null() && ch.and_then(|c| c.rust.as_ref()).is_none() {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     }
     let mut ibv = ibv_cq_ex::default();
     ibv.context = context;
@@ -545,8 +529,7 @@ fn create_cq(
         Err(e) => {
             // SAFETY: made above, never handed out.
             drop(unsafe { Box::from_raw(cq) });
-            set_errno(errno_of(&e));
-            ptr::null_mut()
+            null(errno_of(&e))
         }
     }
 }
@@ -561,16 +544,14 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     guard(ptr::null_mut(), || {
         // SAFETY: the caller passes a readable ibv_cq_init_attr_ex.
         let Some(a) = (unsafe { attr.as_ref() }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+            return null(libc::EINVAL);
         };
         let known_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
         let supported = a.wc_flags & !u64::from(IBV_WC_STANDARD_FLAGS) == 0
             && a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS == 0
             && (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS == 0 || a.flags & !known_flags == 0);
         if !supported {
-            set_errno(libc::EOPNOTSUPP);
-            return ptr::null_mut();
+            return null(libc::EOPNOTSUPP);
         }
         create_cq(context, a.cqe, a.cq_context, a.channel, a.comp_vector, true)
     })
@@ -772,14 +753,12 @@ export! { "IBVERBS_1.1"
         guard(-1, || {
             // SAFETY: a channel from ibv_create_comp_channel, or NULL.
             let Some(ch) = (unsafe { wrapper::<_, Channel>(channel) }).and_then(|c| c.rust.as_ref()) else {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             };
             let ev = match ch.get_cq_event() {
                 Ok(ev) => ev,
                 Err(e) => {
-                    set_errno(errno_of(&e));
-                    return -1;
+                    return neg(errno_of(&e));
                 }
             };
             let cq = ev.user_data() as *mut Cq;

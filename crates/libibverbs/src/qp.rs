@@ -17,7 +17,7 @@ use rverbs::{
 use rverbs_ibverbs::abi::*;
 
 use crate::device::context_ref;
-use crate::ffi::{errno_of, guard, set_errno};
+use crate::ffi::{errno_of, guard, neg, null};
 use crate::objects::{cq_ref, destroy_in_place, destroy_wrapper, pd_ref, wrapper};
 
 /// Fills the ops slots for posting.
@@ -188,29 +188,25 @@ struct CreateQp {
 fn create_qp(c: &mut CreateQp) -> *mut ibv_qp {
     // SAFETY: a PD from ibv_alloc_pd, or NULL.
     let Some(rust_pd) = (unsafe { pd_ref(c.pd) }) else {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     };
     let qp_type = match c.qp_type {
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
         _ => {
-            set_errno(libc::EOPNOTSUPP);
-            return ptr::null_mut();
+            return null(libc::EOPNOTSUPP);
         }
     };
     // SAFETY: CQs from ibv_create_cq (or NULL, refused).
     let (Some(scq), Some(rcq)) = (unsafe { cq_ref(c.send_cq) }, unsafe { cq_ref(c.recv_cq) })
     else {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     };
     // SAFETY: an SRQ from ibv_create_srq, or NULL.
     let srq = unsafe { srq_ref(c.srq) };
     if !c.srq.is_null() && srq.is_none() {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     }
     let mut ibv = ibv_qp_ex::default();
     let base = &mut ibv.qp_base;
@@ -256,8 +252,7 @@ fn create_qp(c: &mut CreateQp) -> *mut ibv_qp {
         Err(e) => {
             // SAFETY: made above, never handed out.
             drop(unsafe { Box::from_raw(qp) });
-            set_errno(errno_of(&e));
-            ptr::null_mut()
+            null(errno_of(&e))
         }
     }
 }
@@ -269,8 +264,7 @@ export! { "IBVERBS_1.1"
         guard(ptr::null_mut(), || {
             // SAFETY: the caller passes a readable ibv_qp_init_attr.
             let Some(attr) = (unsafe { init_attr.as_mut() }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             let mut c = CreateQp {
                 pd,
@@ -310,22 +304,18 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     guard(ptr::null_mut(), || {
         // SAFETY: the caller passes a readable ibv_qp_init_attr_ex.
         let Some(a) = (unsafe { attr.as_mut() }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+            return null(libc::EINVAL);
         };
         let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+            return null(libc::EINVAL);
         }
         if a.comp_mask & !known != 0 {
-            set_errno(libc::EOPNOTSUPP);
-            return ptr::null_mut();
+            return null(libc::EOPNOTSUPP);
         }
         let extended = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
         if extended && a.send_ops_flags & !u64::from(SEND_OPS) != 0 {
-            set_errno(libc::EOPNOTSUPP);
-            return ptr::null_mut();
+            return null(libc::EOPNOTSUPP);
         }
         let mut c = CreateQp {
             pd: a.pd,
@@ -805,13 +795,11 @@ export! { "IBVERBS_1.1"
         guard(ptr::null_mut(), || {
             // SAFETY: a PD from ibv_alloc_pd, or NULL.
             let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             // SAFETY: the caller passes a readable ibv_srq_init_attr.
             let Some(attr) = (unsafe { init_attr.as_ref() }) else {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             };
             let mut ibv = ibv_srq::default();
             // SAFETY: pd is live.
@@ -846,8 +834,7 @@ export! { "IBVERBS_1.1"
                 Err(e) => {
                     // SAFETY: made above, never handed out.
                     drop(unsafe { Box::from_raw(srq) });
-                    set_errno(errno_of(&e));
-                    ptr::null_mut()
+                    null(errno_of(&e))
                 }
             }
         })
@@ -977,12 +964,10 @@ unsafe fn ah_ref<'a>(ah: *mut ibv_ah) -> Option<&'a AddressHandle> {
 fn new_ah(pd: *mut ibv_pd, attr: Option<AhAttr>) -> *mut ibv_ah {
     // SAFETY: a PD from ibv_alloc_pd, or NULL.
     let Some(rust_pd) = (unsafe { pd_ref(pd) }) else {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     };
     let Some(attr) = attr else {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     };
     match rust_pd.create_ah(&attr) {
         Ok(rust) => {
@@ -998,10 +983,7 @@ fn new_ah(pd: *mut ibv_pd, attr: Option<AhAttr>) -> *mut ibv_ah {
             }))
             .cast()
         }
-        Err(e) => {
-            set_errno(errno_of(&e));
-            ptr::null_mut()
-        }
+        Err(e) => null(errno_of(&e)),
     }
 }
 
@@ -1063,8 +1045,7 @@ export! { "IBVERBS_1.1"
     ) -> c_int {
         guard(-1, || {
             if ah_attr_out.is_null() || port_num != 1 {
-                set_errno(libc::EINVAL);
-                return -1;
+                return neg(libc::EINVAL);
             }
             // SAFETY: the caller passes a WC and the GRH of its buffer.
             match unsafe { attr_from_wc(context, wc, grh) } {
@@ -1073,10 +1054,7 @@ export! { "IBVERBS_1.1"
                     unsafe { ah_attr_out.write(c_ah_attr(&a)) };
                     0
                 }
-                Err(e) => {
-                    set_errno(e);
-                    -1
-                }
+                Err(e) => neg(e),
             }
         })
     }
@@ -1092,17 +1070,13 @@ export! { "IBVERBS_1.1"
     ) -> *mut ibv_ah {
         guard(ptr::null_mut(), || {
             if pd.is_null() || port_num != 1 {
-                set_errno(libc::EINVAL);
-                return ptr::null_mut();
+                return null(libc::EINVAL);
             }
             // SAFETY: pd is a live PD; the caller passes a WC and its GRH.
             let a = unsafe { attr_from_wc((*pd).context, wc, grh) };
             match a {
                 Ok(a) => new_ah(pd, Some(a)),
-                Err(e) => {
-                    set_errno(e);
-                    ptr::null_mut()
-                }
+                Err(e) => null(e),
             }
         })
     }
