@@ -551,9 +551,6 @@ impl QueuePair {
     }
 
     fn post_sends(&self, wrs: &[SendWr<'_>], all: bool) -> Result<()> {
-        if self.core.qp_type == QpType::Ud {
-            return self.post_send_ud(wrs, all);
-        }
         let verb = Verb::PostSend;
         let core = &self.core;
         let dev = &core.ctx.device;
@@ -563,190 +560,164 @@ impl QueuePair {
                 let state = slot.state();
                 // All or none: the WRs checked, waiting to be posted, and
                 // the PSNs they take.
-                let mut ready: Vec<SendWqe> = Vec::new();
+                let mut ready: Vec<Prepared> = Vec::new();
                 let mut ahead = 0u32;
                 for (index, wr) in wrs.iter().enumerate() {
-                    let fail = |kind, msg: String| {
-                        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
-                    };
-                    let queued = slot.rc.as_ref().map(|rc| rc.sq_len() + ready.len());
-                    if let Err((kind, msg)) = send_queue_room(core.qpn, state, queued, caps) {
-                        return fail(kind, msg);
+                    let queued = match (&slot.rc, &slot.ud) {
+                        (Some(rc), _) => Some(rc.sq_len()),
+                        (None, Some(ud)) => Some(ud.sq_len()),
+                        (None, None) => None,
                     }
-                    let Some(rc) = slot.rc.as_mut() else {
-                        return fail(ErrorKind::InvalidArgument, "QP is in RESET".into());
-                    };
-                    let is_rd_atomic = matches!(
-                        wr.opcode,
-                        WrOpcode::RdmaRead { .. }
-                            | WrOpcode::AtomicCmpAndSwp { .. }
-                            | WrOpcode::AtomicFetchAndAdd { .. }
-                    );
-                    if is_rd_atomic && core.qp_type == QpType::Uc {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            "UC QPs carry no READs or atomics".into(),
-                        );
-                    }
-                    let (data, length) = match wr_payload(wr, caps, is_rd_atomic) {
+                    .map(|n| n + ready.len());
+                    let prepared = send_queue_room(core.qpn, state, queued, caps).and_then(|()| {
+                        match (&slot.rc, &slot.ud) {
+                            (Some(rc), _) => self.prepare_rc(rc, wr, ahead),
+                            (None, Some(_)) => self.prepare_ud(wr),
+                            (None, None) => {
+                                Err((ErrorKind::InvalidArgument, "QP is in RESET".into()))
+                            }
+                        }
+                    });
+                    let (wqe, pkts) = match prepared {
                         Ok(p) => p,
-                        Err(msg) => return fail(ErrorKind::InvalidArgument, msg),
-                    };
-                    if length > MAX_MSG {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!("message of {length} bytes exceeds max_msg_sz {MAX_MSG}"),
-                        );
-                    }
-                    let atomic = matches!(
-                        wr.opcode,
-                        WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. }
-                    );
-                    if atomic && length != 8 {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!("an atomic needs an 8-byte local buffer, not {length} bytes"),
-                        );
-                    }
-                    match rc.psn_room_after(&wr.opcode, length as u32, ahead) {
-                        Ok(()) => {}
-                        Err(true) => {
-                            return fail(
-                                ErrorKind::OutOfMemory,
-                                "the send WRs posted and not yet completed span 2^23 packets; \
-                                 poll completions first"
-                                    .into(),
-                            )
+                        Err((kind, msg)) => {
+                            return Err(Error::new(verb, kind, msg)
+                                .with_detail(ErrorDetail::BadWr { index }))
                         }
-                        Err(false) => {
-                            return fail(
-                                ErrorKind::InvalidArgument,
-                                format!(
-                                    "a message of {length} bytes needs more than 2^23 packets \
-                                     at this path MTU"
-                                ),
-                            )
-                        }
-                    }
-                    let wqe = SendWqe {
-                        wr_id: wr.wr_id,
-                        op: wr.opcode,
-                        data,
-                        length: length as u32,
-                        signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
-                        solicited: wr.flags.contains(SendFlags::SOLICITED),
-                        fence: wr.flags.contains(SendFlags::FENCE),
                     };
                     if all {
-                        ahead = ahead.saturating_add(rc.packets_of(&wqe.op, wqe.length));
+                        ahead = ahead.saturating_add(pkts);
                         ready.push(wqe);
                     } else {
-                        rc.post_send(wqe);
+                        wqe.post(slot);
                     }
                 }
-                if let Some(rc) = slot.rc.as_mut() {
-                    for wqe in ready {
-                        rc.post_send(wqe);
-                    }
+                for wqe in ready {
+                    wqe.post(slot);
                 }
                 Ok(())
             })
             .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
     }
 
-    /// UD sends: SEND or SEND with immediate, each to the QP its
-    /// [`UdAddress`](crate::UdAddress) names, at most the port's MTU.
-    fn post_send_ud(&self, wrs: &[SendWr<'_>], all: bool) -> Result<()> {
-        let verb = Verb::PostSend;
+    /// Checks an RC or UC send WR (`ahead`: PSNs of the WRs checked before
+    /// it in an all-or-none batch) and makes its WQE, with the PSNs it takes.
+    fn prepare_rc(
+        &self,
+        rc: &RcQp,
+        wr: &SendWr<'_>,
+        ahead: u32,
+    ) -> std::result::Result<(Prepared, u32), (ErrorKind, String)> {
         let core = &self.core;
-        let dev = &core.ctx.device;
-        let caps = core.caps;
-        let mtu = dev.port.active_mtu.bytes();
-        dev.engine
-            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
-                let state = slot.state();
-                let mut ready: Vec<UdSendWqe> = Vec::new();
-                for (index, wr) in wrs.iter().enumerate() {
-                    let fail = |kind, msg: String| {
-                        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
-                    };
-                    let queued = slot.ud.as_ref().map(|ud| ud.sq_len() + ready.len());
-                    if let Err((kind, msg)) = send_queue_room(core.qpn, state, queued, caps) {
-                        return fail(kind, msg);
-                    }
-                    let Some(ud) = slot.ud.as_mut() else {
-                        return fail(ErrorKind::InvalidArgument, "QP is in RESET".into());
-                    };
-                    if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }) {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            "UD QPs only SEND (with or without immediate)".into(),
-                        );
-                    }
-                    let Some(to) = wr.ud else {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            "a UD send needs a destination (SendWr::to)".into(),
-                        );
-                    };
-                    if !Arc::ptr_eq(&to.ah.core.pd, &core.pd) {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "AH {} belongs to another PD than QP {:#x}",
-                                to.ah.handle(),
-                                core.qpn
-                            ),
-                        );
-                    }
-                    if to.remote_qpn > 0x00ff_ffff {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!("remote_qpn {:#x} exceeds 24 bits", to.remote_qpn),
-                        );
-                    }
-                    let (data, length) = match wr_payload(wr, caps, false) {
-                        Ok(p) => p,
-                        Err(msg) => return fail(ErrorKind::InvalidArgument, msg),
-                    };
-                    if length > u64::from(mtu) {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "a UD message is one packet: {length} bytes exceed the MTU {mtu}"
-                            ),
-                        );
-                    }
-                    let wqe = UdSendWqe {
-                        wqe: SendWqe {
-                            wr_id: wr.wr_id,
-                            op: wr.opcode,
-                            data,
-                            length: length as u32,
-                            signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
-                            solicited: wr.flags.contains(SendFlags::SOLICITED),
-                            fence: false,
-                        },
-                        dest: UdDest {
-                            ip: to.ah.core.attr.dgid.to_ip(),
-                            qpn: to.remote_qpn,
-                            qkey: to.remote_qkey,
-                        },
-                    };
-                    if all {
-                        ready.push(wqe);
-                    } else {
-                        ud.post_send(wqe);
-                    }
-                }
-                if let Some(ud) = slot.ud.as_mut() {
-                    for wqe in ready {
-                        ud.post_send(wqe);
-                    }
-                }
-                Ok(())
-            })
-            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
+        let bad = |msg: String| Err((ErrorKind::InvalidArgument, msg));
+        let is_rd_atomic = matches!(
+            wr.opcode,
+            WrOpcode::RdmaRead { .. }
+                | WrOpcode::AtomicCmpAndSwp { .. }
+                | WrOpcode::AtomicFetchAndAdd { .. }
+        );
+        if is_rd_atomic && core.qp_type == QpType::Uc {
+            return bad("UC QPs carry no READs or atomics".into());
+        }
+        let (data, length) = match wr_payload(wr, core.caps, is_rd_atomic) {
+            Ok(p) => p,
+            Err(msg) => return bad(msg),
+        };
+        if length > MAX_MSG {
+            return bad(format!(
+                "message of {length} bytes exceeds max_msg_sz {MAX_MSG}"
+            ));
+        }
+        let atomic = matches!(
+            wr.opcode,
+            WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. }
+        );
+        if atomic && length != 8 {
+            return bad(format!(
+                "an atomic needs an 8-byte local buffer, not {length} bytes"
+            ));
+        }
+        match rc.psn_room_after(&wr.opcode, length as u32, ahead) {
+            Ok(()) => {}
+            Err(true) => {
+                return Err((
+                    ErrorKind::OutOfMemory,
+                    "the send WRs posted and not yet completed span 2^23 packets; \
+                     poll completions first"
+                        .into(),
+                ))
+            }
+            Err(false) => {
+                return bad(format!(
+                    "a message of {length} bytes needs more than 2^23 packets at this path MTU"
+                ))
+            }
+        }
+        let wqe = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.opcode,
+            data,
+            length: length as u32,
+            signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+            solicited: wr.flags.contains(SendFlags::SOLICITED),
+            fence: wr.flags.contains(SendFlags::FENCE),
+        };
+        let pkts = rc.packets_of(&wqe.op, wqe.length);
+        Ok((Prepared::Rc(wqe), pkts))
+    }
+
+    /// Checks a UD send — SEND or SEND with immediate, to the QP its
+    /// [`UdAddress`](crate::UdAddress) names, at most the port's MTU — and
+    /// makes its WQE.
+    fn prepare_ud(
+        &self,
+        wr: &SendWr<'_>,
+    ) -> std::result::Result<(Prepared, u32), (ErrorKind, String)> {
+        let core = &self.core;
+        let mtu = core.ctx.device.port.active_mtu.bytes();
+        let bad = |msg: String| Err((ErrorKind::InvalidArgument, msg));
+        if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }) {
+            return bad("UD QPs only SEND (with or without immediate)".into());
+        }
+        let Some(to) = wr.ud else {
+            return bad("a UD send needs a destination (SendWr::to)".into());
+        };
+        if !Arc::ptr_eq(&to.ah.core.pd, &core.pd) {
+            return bad(format!(
+                "AH {} belongs to another PD than QP {:#x}",
+                to.ah.handle(),
+                core.qpn
+            ));
+        }
+        if to.remote_qpn > 0x00ff_ffff {
+            return bad(format!("remote_qpn {:#x} exceeds 24 bits", to.remote_qpn));
+        }
+        let (data, length) = match wr_payload(wr, core.caps, false) {
+            Ok(p) => p,
+            Err(msg) => return bad(msg),
+        };
+        if length > u64::from(mtu) {
+            return bad(format!(
+                "a UD message is one packet: {length} bytes exceed the MTU {mtu}"
+            ));
+        }
+        let wqe = UdSendWqe {
+            wqe: SendWqe {
+                wr_id: wr.wr_id,
+                op: wr.opcode,
+                data,
+                length: length as u32,
+                signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+                solicited: wr.flags.contains(SendFlags::SOLICITED),
+                fence: false,
+            },
+            dest: UdDest {
+                ip: to.ah.core.attr.dgid.to_ip(),
+                qpn: to.remote_qpn,
+                qkey: to.remote_qkey,
+            },
+        };
+        Ok((Prepared::Ud(wqe), 1))
     }
 
     /// Posts one receive WR (`ibv_post_recv`).
@@ -1029,6 +1000,23 @@ impl QueuePair {
 
 /// Whether a send WR may be queued: EINVAL before RTS (or in RESET, with
 /// no transport: `queued` is `None`), ENOMEM when `max_send_wr` WRs wait.
+/// A checked send WR, ready for its QP's transport.
+enum Prepared {
+    Rc(SendWqe),
+    Ud(UdSendWqe),
+}
+
+impl Prepared {
+    /// Queues it on the QP's transport.
+    fn post(self, slot: &mut crate::soft::net::QpSlot) {
+        match (self, slot.rc.as_mut(), slot.ud.as_mut()) {
+            (Prepared::Rc(w), Some(rc), _) => rc.post_send(w),
+            (Prepared::Ud(w), _, Some(ud)) => ud.post_send(w),
+            _ => {}
+        }
+    }
+}
+
 fn send_queue_room(
     qpn: u32,
     state: QpState,
