@@ -23,11 +23,14 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{find_tool, is_root, run};
 
 use rverbs::cm::{self, ConnectOptions, Endpoint};
 use rverbs::{
@@ -1011,69 +1014,6 @@ fn ns_opts() -> ConnectOptions {
     }
 }
 
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-fn is_root() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
-        .unwrap_or(false)
-}
-
-/// Runs a setup command; panics with its output if it fails.
-fn run(program: &Path, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{} {args:?}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} {} failed ({}): {}",
-        program.display(),
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Network namespaces this test made; dropping it deletes them (with their
-/// veth ends and nftables state), also when the test panics.
-struct Namespaces {
-    ip: PathBuf,
-    names: Vec<String>,
-}
-
-impl Namespaces {
-    fn add(&mut self, name: &str) {
-        run(&self.ip, &["netns", "add", name]);
-        self.names.push(name.to_string());
-    }
-
-    fn delete(&mut self) {
-        for name in self.names.drain(..) {
-            let _ = Command::new(&self.ip)
-                .args(["netns", "delete", &name])
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        self.delete();
-    }
-}
-
 /// The drop counter of the loss rule.
 fn nft_drops(ip: &Path, nft: &Path, ns: &str) -> u64 {
     let listing = run(
@@ -1136,7 +1076,7 @@ fn two_namespaces_with_loss() {
     let net = format!("10.{}.{}", 1 + (pid >> 8) % 250, pid % 256);
     let addr = [format!("{net}.1"), format!("{net}.2")];
 
-    let mut nets = Namespaces {
+    let mut nets = common::Namespaces {
         ip: ip.clone(),
         names: Vec::new(),
     };

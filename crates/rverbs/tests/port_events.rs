@@ -11,60 +11,16 @@
 //! is set.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rverbs::{devices, AsyncEventElement, AsyncEventType, PortState};
 
+mod common;
+use common::{find_tool, is_root, run, Namespaces};
+
 const ROLE: &str = "RVERBS_PORT_ROLE";
 const ADDR: &str = "10.99.7.1";
-
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-fn is_root() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
-        .unwrap_or(false)
-}
-
-fn run(program: &Path, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{} {args:?}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} {} failed: {}",
-        program.display(),
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Deletes the namespace (and its veth pair) however the test ends.
-struct Namespace {
-    ip: PathBuf,
-    name: String,
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.ip)
-            .args(["netns", "delete", &self.name])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 #[test]
 fn port_follows_the_address() {
@@ -81,12 +37,10 @@ fn port_follows_the_address() {
         return;
     }
     let ip = ip.unwrap();
-    let ns = Namespace {
-        ip: ip.clone(),
-        name: format!("rvport{}", std::process::id()),
-    };
-    run(&ip, &["netns", "add", &ns.name]);
-    let n = ns.name.as_str();
+    let name = format!("rvport{}", std::process::id());
+    let mut nets = Namespaces::new(&ip);
+    nets.add(&name);
+    let n = name.as_str();
     run(&ip, &["-n", n, "link", "set", "lo", "up"]);
     // Both ends of a veth pair in the namespace (dummy interfaces need a
     // kernel module hosts often lack).

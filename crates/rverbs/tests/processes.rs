@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use rverbs::{devices, AccessFlags, AsyncEventElement, AsyncEventType, ErrorKind};
 
+mod common;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
@@ -272,14 +274,7 @@ fn multicast_across_processes() {
 /// attaches to a group, a sender in the other sends to it. Needs root and
 /// iproute2 (skipped without, unless `CI` is set).
 fn multicast_across_namespaces() {
-    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    let Some(ip) = ip.filter(|_| root) else {
+    let Some(ip) = common::find_tool("ip").filter(|_| common::is_root()) else {
         assert!(std::env::var_os("CI").is_none(), "needs root and ip in CI");
         eprintln!("skipped: needs root and ip (iproute2)");
         return;
@@ -287,24 +282,11 @@ fn multicast_across_namespaces() {
     let pid = std::process::id();
     let (na, nb) = (format!("rvmca{pid}"), format!("rvmcb{pid}"));
     let sh = |args: &[&str]| {
-        let o = Command::new(ip).args(args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        common::run(&ip, args);
     };
-    struct Cleanup(&'static str, [String; 2]);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            for n in &self.1 {
-                let _ = Command::new(self.0).args(["netns", "delete", n]).status();
-            }
-        }
-    }
-    sh(&["netns", "add", &na]);
-    sh(&["netns", "add", &nb]);
-    let _cleanup = Cleanup(ip, [na.clone(), nb.clone()]);
+    let mut nets = common::Namespaces::new(&ip);
+    nets.add(&na);
+    nets.add(&nb);
     sh(&[
         "link", "add", "rvma0", "netns", &na, "type", "veth", "peer", "name", "rvmb0", "netns", &nb,
     ]);
@@ -319,7 +301,7 @@ fn multicast_across_namespaces() {
     let group = format!("239.{}.{}.9", 1 + (pid >> 8) % 250, pid % 256);
     let exe = std::env::current_exe().unwrap();
     let in_ns = |ns: &str, mode: &str, addr: &str| {
-        let mut c = Command::new(ip);
+        let mut c = Command::new(&ip);
         c.args(["netns", "exec", ns])
             .arg(&exe)
             .args(["--child", mode, &group])

@@ -1,0 +1,82 @@
+//! Shared by the tests that set up hosts of their own: finding system
+//! tools, checking for root, running setup commands, and network
+//! namespaces that clean up after themselves.
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// `name` on PATH or in the usual sbin/bin directories.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
+        .unwrap_or(false)
+}
+
+/// Runs a setup command; panics with its output if it fails.
+pub fn run(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{} {args:?}: {e}", program.display()));
+    assert!(
+        out.status.success(),
+        "{} {} failed ({}): {}",
+        program.display(),
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Network namespaces a test made; dropping it deletes them (with their
+/// veth ends and nftables state), also when the test panics.
+pub struct Namespaces {
+    pub ip: PathBuf,
+    pub names: Vec<String>,
+}
+
+impl Namespaces {
+    /// No namespaces yet; `ip` is iproute2's `ip`.
+    pub fn new(ip: &Path) -> Namespaces {
+        Namespaces {
+            ip: ip.to_path_buf(),
+            names: Vec::new(),
+        }
+    }
+
+    /// Makes namespace `name`.
+    pub fn add(&mut self, name: &str) {
+        run(&self.ip, &["netns", "add", name]);
+        self.names.push(name.to_string());
+    }
+
+    /// Deletes them now.
+    pub fn delete(&mut self) {
+        for name in self.names.drain(..) {
+            let _ = Command::new(&self.ip)
+                .args(["netns", "delete", &name])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
