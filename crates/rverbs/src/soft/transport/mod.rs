@@ -227,6 +227,18 @@ pub(crate) struct RecvWqe {
     pub(crate) pd: u64,
 }
 
+/// The completion of a receive WR flushed by a QP in ERR.
+pub(crate) fn recv_flush_wc(wqe: &RecvWqe, qpn: u32, src_qp: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: wqe.wr_id,
+        status: crate::wc::WcStatus::WrFlushErr,
+        opcode: crate::wc::WcOpcode::Recv,
+        qp_num: qpn,
+        src_qp,
+        ..Default::default()
+    }
+}
+
 /// What a QP reports to the engine.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum QpEvent {

@@ -18,7 +18,9 @@ use rverbs_wire::{
 };
 
 use super::recv::{RecvQueue, SharedRq};
-use super::{gather, refer, Memory, PayloadRef, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
+use super::{
+    gather, recv_flush_wc, refer, Memory, PayloadRef, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData,
+};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
 use crate::soft::memory::AccessKind;
@@ -602,8 +604,10 @@ impl RcQp {
     /// Queues a receive WR. In ERR it completes at once with a flush error.
     pub(crate) fn post_recv(&mut self, wqe: RecvWqe) {
         if self.state == QpState::Err {
-            self.events
-                .push_back(QpEvent::RecvCompletion(self.recv_flush_wc(&wqe), false));
+            self.events.push_back(QpEvent::RecvCompletion(
+                recv_flush_wc(&wqe, self.cfg.qpn, self.cfg.dest_qpn),
+                false,
+            ));
             return;
         }
         self.rq.push(wqe);
@@ -674,17 +678,6 @@ impl RcQp {
         }
     }
 
-    fn recv_flush_wc(&self, wqe: &RecvWqe) -> WorkCompletion {
-        WorkCompletion {
-            wr_id: wqe.wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            qp_num: self.cfg.qpn,
-            src_qp: self.cfg.dest_qpn,
-            ..Default::default()
-        }
-    }
-
     /// Moves the QP to ERR: the failed send WR (if any, at the head of the
     /// queue) completes with its status, every other send and receive WR
     /// with a flush error. Responses already queued (the NAK that explains
@@ -712,18 +705,12 @@ impl RcQp {
             }
         }
         if let Some(Inbound::Send { wqe, .. }) = self.inbound.take() {
-            let wc = self.recv_flush_wc(&wqe);
+            let wc = recv_flush_wc(&wqe, self.cfg.qpn, self.cfg.dest_qpn);
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
         }
-        for wqe in self.rq.drain_own() {
-            let wc = self.recv_flush_wc(&wqe);
-            self.events.push_back(QpEvent::RecvCompletion(wc, false));
-        }
-        if self.rq.is_shared() {
-            // The SRQ's WRs stay with it; the QP will take no more.
-            self.events
-                .push_back(QpEvent::Async(AsyncEventType::QpLastWqeReached));
-        }
+        let (qpn, src_qp) = (self.cfg.qpn, self.cfg.dest_qpn);
+        self.rq
+            .flush(&mut self.events, |wqe| recv_flush_wc(wqe, qpn, src_qp));
         self.tx_psn = self.next_psn;
     }
 

@@ -9,6 +9,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{QpEvent, RecvWqe};
+use crate::event::AsyncEventType;
+use crate::wc::WorkCompletion;
 
 /// The state of a shared receive queue.
 #[derive(Debug)]
@@ -146,18 +148,25 @@ impl RecvQueue {
         }
     }
 
-    /// Takes every WR the QP holds (for a flush): its own queue, or the
-    /// one it took from its SRQ and kept; the SRQ's WRs stay there.
-    pub(crate) fn drain_own(&mut self) -> VecDeque<RecvWqe> {
+    /// The QP entered ERR: every WR it holds — its own queue, or the one it
+    /// took from its SRQ and kept — completes with the flush error `wc`
+    /// makes; on an SRQ, whose WRs stay there, QP_LAST_WQE_REACHED follows.
+    pub(crate) fn flush(
+        &mut self,
+        events: &mut VecDeque<QpEvent>,
+        wc: impl Fn(&RecvWqe) -> WorkCompletion,
+    ) {
+        let flushed = |wqe: RecvWqe| QpEvent::RecvCompletion(wc(&wqe), false);
         match self {
-            RecvQueue::Own(q) => std::mem::take(q),
+            RecvQueue::Own(q) => events.extend(q.drain(..).map(flushed)),
             RecvQueue::Shared(s, held) => {
-                let wqe = held.take();
-                if wqe.is_some() {
+                if let Some(wqe) = held.take() {
                     let mut q = s.lock();
                     q.held = q.held.saturating_sub(1);
+                    drop(q);
+                    events.push_back(flushed(wqe));
                 }
-                wqe.into_iter().collect()
+                events.push_back(QpEvent::Async(AsyncEventType::QpLastWqeReached));
             }
         }
     }
@@ -172,10 +181,5 @@ impl RecvQueue {
                 q.wqes.push_front(wqe);
             }
         }
-    }
-
-    /// Whether the QP takes its WRs from an SRQ.
-    pub(crate) fn is_shared(&self) -> bool {
-        matches!(self, RecvQueue::Shared(..))
     }
 }

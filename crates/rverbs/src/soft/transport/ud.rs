@@ -154,7 +154,7 @@ impl UdQp {
     /// Queues a receive WR; in ERR it completes at once with a flush error.
     pub(crate) fn post_recv(&mut self, wqe: RecvWqe) {
         if self.state == QpState::Err {
-            let wc = self.recv_flush_wc(&wqe);
+            let wc = super::recv_flush_wc(&wqe, self.cfg.qpn, 0);
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
             return;
         }
@@ -181,16 +181,6 @@ impl UdQp {
         }
     }
 
-    fn recv_flush_wc(&self, wqe: &RecvWqe) -> WorkCompletion {
-        WorkCompletion {
-            wr_id: wqe.wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            qp_num: self.cfg.qpn,
-            ..Default::default()
-        }
-    }
-
     /// Moves to ERR: every send and receive WR completes with a flush error
     /// (an SRQ's WRs stay with it: QP_LAST_WQE_REACHED instead).
     pub(crate) fn enter_error(&mut self) {
@@ -199,15 +189,9 @@ impl UdQp {
         }
         self.state = QpState::Err;
         self.flush_sends();
-        for wqe in self.rq.drain_own() {
-            let wc = self.recv_flush_wc(&wqe);
-            self.events.push_back(QpEvent::RecvCompletion(wc, false));
-        }
-        if self.rq.is_shared() {
-            self.events.push_back(QpEvent::Async(
-                crate::event::AsyncEventType::QpLastWqeReached,
-            ));
-        }
+        let qpn = self.cfg.qpn;
+        self.rq
+            .flush(&mut self.events, |wqe| super::recv_flush_wc(wqe, qpn, 0));
     }
 
     fn flush_sends(&mut self) {
