@@ -36,7 +36,7 @@ use nix::sys::socket::{
     recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags, SockaddrStorage,
 };
 use nix::sys::time::TimeSpec;
-use rverbs_wire::icrc::{self, Ipv4Header, Ipv6Header, ROCE_V2_PORT};
+use rverbs_wire::icrc::{self, ROCE_V2_PORT};
 use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
 use smallvec::SmallVec;
@@ -50,7 +50,7 @@ use crate::soft::qp::QpCore;
 use crate::soft::sys;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
 use crate::soft::transport::ud::{UdCounters, UdQp, MULTICAST_QPN};
-use crate::soft::transport::{PayloadRef, QpEvent, TxBuffer};
+use crate::soft::transport::{headers, PayloadRef, QpEvent, TxBuffer};
 use crate::wr::QpState;
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
@@ -867,50 +867,6 @@ fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         }
     };
     flush(st, mem, now, acks);
-}
-
-/// The IP and UDP headers of a packet between `src` and `dst` as Linux
-/// writes them for an unconnected DF socket: IPv4 ID 0 — or, for segment k
-/// of a UDP GSO batch, ID k.
-fn headers(
-    src: SocketAddr,
-    dst: SocketAddr,
-    roce_len: usize,
-    id: u16,
-) -> ([u8; 40], usize, [u8; 8]) {
-    let udp_len = (roce_len + 8) as u16;
-    let udp = icrc::udp_header(src.port(), dst.port(), udp_len);
-    let mut ip = [0u8; 40];
-    let ip_len = match (src.ip(), dst.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = Ipv4Header {
-                src: s,
-                dst: d,
-                id,
-                dont_fragment: true,
-                tos: 0,
-                ttl: 64,
-            };
-            ip[..20].copy_from_slice(&h.to_bytes(udp_len));
-            20
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V6(v) => v,
-                IpAddr::V4(v) => v.to_ipv6_mapped(),
-            };
-            let h = Ipv6Header {
-                src: v6(s),
-                dst: v6(d),
-                traffic_class: 0,
-                flow_label: 0,
-                hop_limit: 64,
-            };
-            ip.copy_from_slice(&h.to_bytes(udp_len));
-            40
-        }
-    };
-    (ip, ip_len, udp)
 }
 
 /// Room for the control messages a receive asks for (the GRO segment

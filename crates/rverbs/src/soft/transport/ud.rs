@@ -14,9 +14,8 @@
 //! back to RTS resumes sending.
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, SocketAddr};
 
-use rverbs_wire::icrc::{Ipv4Header, Ipv6Header};
 use rverbs_wire::{BthRepr, DethRepr, ImmDtRepr, Opcode, PacketRepr, Psn, Transport};
 
 use super::recv::{RecvQueue, SharedRq};
@@ -367,36 +366,15 @@ impl UdQp {
 /// lengths. TTL/hop limit (64), TOS (0) and the IPv4 ID (0) are those rverbs
 /// senders use, not read from the packet (the socket does not report them).
 pub(crate) fn grh_bytes(src: IpAddr, dst: IpAddr, roce_len: usize) -> [u8; GRH_LEN] {
-    let udp_len = (8 + roce_len) as u16;
+    let port = rverbs_wire::icrc::ROCE_V2_PORT;
+    let (ip, ip_len, _) = super::headers(
+        SocketAddr::new(src, port),
+        SocketAddr::new(dst, port),
+        roce_len,
+        0,
+    );
     let mut grh = [0u8; GRH_LEN];
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = Ipv4Header {
-                src: s,
-                dst: d,
-                id: 0,
-                dont_fragment: true,
-                tos: 0,
-                ttl: 64,
-            };
-            grh[20..].copy_from_slice(&h.to_bytes(udp_len));
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| -> Ipv6Addr {
-                match a {
-                    IpAddr::V6(v) => v,
-                    IpAddr::V4(v) => v.to_ipv6_mapped(),
-                }
-            };
-            let h = Ipv6Header {
-                src: v6(s),
-                dst: v6(d),
-                traffic_class: 0,
-                flow_label: 0,
-                hop_limit: 64,
-            };
-            grh.copy_from_slice(&h.to_bytes(udp_len));
-        }
-    }
+    // IPv4: the header in the last 20 bytes; IPv6: the whole 40.
+    grh[GRH_LEN - ip_len..].copy_from_slice(&ip[..ip_len]);
     grh
 }
