@@ -301,7 +301,7 @@ export! { "IBVERBS_1.1"
     }
 }
 
-fn device_attr(ctx: &Context) -> Result<ibv_device_attr, c_int> {
+fn c_device_attr(ctx: &Context) -> Result<ibv_device_attr, c_int> {
     let a = ctx.rust.query_device().map_err(|e| errno_of(&e))?;
     let mut out = ibv_device_attr::default();
     copy_str(&mut out.fw_ver, &a.fw_ver);
@@ -362,7 +362,7 @@ export! { "IBVERBS_1.1"
             if device_attr.is_null() {
                 return libc::EINVAL;
             }
-            match device_attr_of(ctx) {
+            match c_device_attr(ctx) {
                 Ok(a) => {
                     // SAFETY: the caller passes a writable ibv_device_attr.
                     unsafe { device_attr.write(a) };
@@ -399,7 +399,7 @@ unsafe extern "C" fn query_device_ex(
         if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
             return libc::EINVAL;
         }
-        match device_attr_of(ctx) {
+        match c_device_attr(ctx) {
             Ok(a) => {
                 let mut ex = ibv_device_attr_ex::default();
                 ex.orig_attr = a;
@@ -415,10 +415,6 @@ unsafe extern "C" fn query_device_ex(
             Err(e) => e,
         }
     })
-}
-
-fn device_attr_of(ctx: &Context) -> Result<ibv_device_attr, c_int> {
-    device_attr(ctx)
 }
 
 fn port_attr(ctx: &Context, port: u8) -> Result<ibv_port_attr, c_int> {
