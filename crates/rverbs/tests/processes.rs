@@ -36,6 +36,7 @@ fn main() {
             multicast_across_processes,
         ),
         ("multicast_crosses_a_veth_link", multicast_across_namespaces),
+        ("rverbs_gso_0_sends_packet_by_packet", gso_off),
     ];
     let mut failed = Vec::new();
     let mut ran = 0;
@@ -77,6 +78,7 @@ fn child_cmd(mode: &str, args: &[&str]) -> Command {
     for var in [
         "RVERBS_ADDR",
         "RVERBS_CONFIG",
+        "RVERBS_GSO",
         "RDMAV_ALLOW_DISASSOC_DESTROY",
     ] {
         cmd.env_remove(var);
@@ -102,6 +104,34 @@ fn run(mut cmd: Command) -> Output {
 }
 
 // ---- parent checks ----
+
+/// `RVERBS_GSO=0`: every packet is a datagram of its own (sendmmsg still
+/// batches the system calls), and a WRITE, a READ and a SEND spanning many
+/// packets arrive whole; by default the same traffic goes in GSO batches.
+fn gso_off() {
+    let counts = |gso: Option<&str>| {
+        let mut cmd = child_cmd("transfer", &[]);
+        if let Some(v) = gso {
+            cmd.env("RVERBS_GSO", v);
+        }
+        let o = run(cmd);
+        assert!(o.ok, "{}{}", o.stdout, o.stderr);
+        let f: Vec<u64> = o
+            .stdout
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        (f[0], f[1])
+    };
+    let (sends, packets) = counts(Some("0"));
+    assert!(packets > 300, "{packets} packets");
+    assert_eq!(sends, packets, "one datagram per packet without GSO");
+    let (sends, packets) = counts(None);
+    assert!(
+        sends * 4 < packets,
+        "GSO batches: {sends} sends, {packets} packets"
+    );
+}
 
 fn own_addresses() {
     // Three processes, no configuration: each gets its own address and GID.
@@ -327,6 +357,94 @@ fn multicast_across_namespaces() {
 
 // ---- children ----
 
+/// Two contexts on the default device: a 1 MiB WRITE, a 256 KiB READ and
+/// a 60 kB SEND between them, each checked byte for byte; prints the
+/// device's datagram and packet counts.
+fn child_transfer() {
+    use rverbs::cm::{ConnectOptions, Endpoint};
+    use rverbs::{QpCaps, RecvWr, SendWr, Sge, WcStatus, WorkCompletion, WrOpcode};
+    let dev = &devices().unwrap()[0];
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let sides: Vec<_> = (0..2)
+        .map(|_| {
+            let ctx = dev.open().unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(64).unwrap();
+            let qp = pd
+                .qp_builder(&cq, &cq)
+                .caps(QpCaps {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                })
+                .build()
+                .unwrap();
+            let mr = pd.alloc_mr(4 << 20, all).unwrap();
+            (ctx, pd, cq, qp, mr)
+        })
+        .collect();
+    let (a, b) = (&sides[0], &sides[1]);
+    let ea = Endpoint::for_qp(&a.3).with_buffer(&a.4);
+    let eb = Endpoint::for_qp(&b.3).with_buffer(&b.4);
+    let opts = ConnectOptions::default();
+    a.3.connect(ea.psn, &eb, &opts).unwrap();
+    b.3.connect(eb.psn, &ea, &opts).unwrap();
+    let sge = |mr: &rverbs::MemoryRegion, off: u64, len: u32| Sge {
+        addr: mr.iova() + off,
+        length: len,
+        lkey: mr.lkey(),
+    };
+    let wait = |cq: &rverbs::CompletionQueue| {
+        let mut wc = [WorkCompletion::default(); 1];
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cq.poll(&mut wc).unwrap() == 0 {
+            assert!(std::time::Instant::now() < deadline, "no completion");
+        }
+        assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+    };
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 13 + i / 251) as u8).collect();
+    a.4.write_at(0, &data).unwrap();
+    // WRITE 1 MiB from A into B at 1 MiB.
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: eb.addr + (1 << 20),
+        rkey: eb.rkey,
+    };
+    a.3.post_send(&SendWr::new(1, write, &[sge(&a.4, 0, 1 << 20)]).signaled())
+        .unwrap();
+    wait(&a.2);
+    let mut got = vec![0u8; 1 << 20];
+    b.4.read_at(1 << 20, &mut got).unwrap();
+    assert!(got == data, "WRITE data differs");
+    // READ 256 KiB of it back into A at 2 MiB.
+    let read = WrOpcode::RdmaRead {
+        remote_addr: eb.addr + (1 << 20) + 4096,
+        rkey: eb.rkey,
+    };
+    a.3.post_send(&SendWr::new(2, read, &[sge(&a.4, 2 << 20, 256 << 10)]).signaled())
+        .unwrap();
+    wait(&a.2);
+    let mut got = vec![0u8; 256 << 10];
+    a.4.read_at(2 << 20, &mut got).unwrap();
+    assert!(
+        got[..] == data[4096..4096 + (256 << 10)],
+        "READ data differs"
+    );
+    // SEND 60 kB from A's start into B at 3 MiB.
+    b.3.post_recv(&RecvWr::new(3, &[sge(&b.4, 3 << 20, 65536)]))
+        .unwrap();
+    a.3.post_send(&SendWr::new(4, WrOpcode::Send, &[sge(&a.4, 0, 60_000)]).signaled())
+        .unwrap();
+    wait(&a.2);
+    wait(&b.2);
+    let mut got = vec![0u8; 60_000];
+    b.4.read_at(3 << 20, &mut got).unwrap();
+    assert!(got[..] == data[..60_000], "SEND data differs");
+    let stats = dev.net_stats();
+    println!("{} {}", stats.tx_sends, stats.tx_packets);
+}
+
 fn child(mode: &str, args: &[String]) {
     match mode {
         "show" | "hold" => match devices() {
@@ -349,6 +467,7 @@ fn child(mode: &str, args: &[String]) {
         "disassociate" => child_disassociate(args.first().map(String::as_str) == Some("allowed")),
         "mcast-recv" => child_multicast(&args[0], false),
         "mcast-send" => child_multicast(&args[0], true),
+        "transfer" => child_transfer(),
         other => panic!("unknown child mode {other:?}"),
     }
 }

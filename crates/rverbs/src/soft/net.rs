@@ -62,6 +62,9 @@ const RX_BUFFER: usize = 64 * 1024;
 const RX_BUDGET: usize = 64;
 /// Largest UDP payload one send (a GSO batch) may carry.
 const MAX_BATCH_BYTES: usize = 65_000;
+/// The transmit buffer: room for a few full batches, so one system call
+/// can send them all (payloads from MRs leave their room unwritten).
+const TX_BUFFER: usize = 4 * (MAX_BATCH_BYTES + MAX_PACKET);
 /// Most packets one QP sends in one pass; the rest waits for the next.
 const FLUSH_BUDGET: usize = 256;
 /// Most segments in one GSO send.
@@ -288,6 +291,11 @@ impl Engine {
         }
         let rx_buffer =
             nix::sys::socket::getsockopt(&socket, sockopt::RcvBuf).unwrap_or(SOCKET_BUFFER);
+        // RVERBS_GSO=0 sends one datagram per packet (up to eight per
+        // sendmmsg): for a capture that shows one packet per send, or a
+        // kernel whose GSO misbehaves. The engine also falls back to that
+        // by itself when the kernel refuses a GSO send.
+        let gso = std::env::var("RVERBS_GSO").map_or(true, |v| v.trim() != "0");
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
@@ -306,10 +314,10 @@ impl Engine {
                 rx: vec![0u8; RX_BUFFER],
                 rx_spare: Vec::new(),
                 rx_left: None,
-                tx: vec![0u8; MAX_BATCH_BYTES + MAX_PACKET],
+                tx: vec![0u8; TX_BUFFER],
                 tx_refs: Vec::new(),
                 tx_pkts: Vec::new(),
-                gso: true,
+                gso,
                 thread_wakes_at: None,
             }),
             waker,
@@ -1173,7 +1181,24 @@ fn iovecs<'a>(
     iov
 }
 
-/// Where a batch goes.
+/// A batch closed in a flush pass, waiting for the pass's system call:
+/// its packets (laid out one after another from the transmit buffer's
+/// start; their payload references index the pass's whole list).
+#[derive(Clone)]
+struct PendingSend {
+    batch: Batch,
+    pkts: Range<usize>,
+}
+
+/// A datagram ready for the kernel: its I/O vector, its GSO segment size
+/// (for a batch of more than one packet), and how many packets it holds.
+struct Outgoing<'a> {
+    iov: SmallVec<[IoSlice<'a>; 16]>,
+    gso: Option<u16>,
+    packets: usize,
+}
+
+/// Where batches go.
 struct Sender<'a> {
     socket: Option<&'a UdpSocket>,
     gso: &'a mut bool,
@@ -1183,15 +1208,17 @@ struct Sender<'a> {
 }
 
 impl Sender<'_> {
-    /// Sends a batch: one GSO send, or — without GSO — one send per packet.
-    /// Payloads described in `refs` go straight from their MRs, read-locked
-    /// until the kernel has copied them; each packet's ICRC is computed over
-    /// its pieces for the IP ID Linux will give it.
-    fn send(
+    /// Sends the batches `sends` of `buf` in as few system calls as the
+    /// kernel allows: one `sendmmsg` for up to [`sys::MAX_DATAGRAMS`]
+    /// batches, each one GSO send — or, without GSO, one datagram per
+    /// packet. Payloads described in `refs` go straight from their MRs,
+    /// read-locked until the kernel has copied them; each packet's ICRC is
+    /// computed over its pieces for the IP ID Linux will give it.
+    fn send_all(
         &mut self,
         mem: &MrTable,
         buf: &mut [u8],
-        batch: Batch,
+        sends: &[PendingSend],
         pkts: &[TxPacket],
         refs: &[PayloadRef],
     ) {
@@ -1200,91 +1227,149 @@ impl Sender<'_> {
         let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
         for r in refs {
             if mrs.iter().all(|(k, _)| *k != r.key) {
-                match mem.mr(r.key) {
-                    Ok(mr) => mrs.push((r.key, mr)),
-                    // Deregistered since the packet was built: a loss; the
-                    // retransmission fails the WR with a protection error.
-                    Err(_) => return self.stats.tx_errors += batch.count as u64,
+                if let Ok(mr) = mem.mr(r.key) {
+                    mrs.push((r.key, mr));
                 }
             }
         }
         let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
+        // A reference whose MR was deregistered (or whose window no longer
+        // checks) since its packet was built loses its batch: the
+        // retransmission fails the WR with a protection error.
         let mut payloads: SmallVec<[&[u8]; MAX_BATCH_SEGMENTS]> = SmallVec::new();
+        let mut lost: SmallVec<[bool; MAX_BATCH_SEGMENTS]> = SmallVec::new();
         for r in refs {
-            let Some(i) = mrs.iter().position(|(k, _)| *k == r.key) else {
-                return self.stats.tx_errors += batch.count as u64;
-            };
-            match guards[i].keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd)) {
-                Ok(w) => payloads.push(w.into_slice()),
-                Err(_) => return self.stats.tx_errors += batch.count as u64,
-            }
+            let window = mrs.iter().position(|(k, _)| *k == r.key).and_then(|i| {
+                guards[i]
+                    .keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd))
+                    .ok()
+            });
+            lost.push(window.is_none());
+            payloads.push(window.map_or(&[][..], |w| w.into_slice()));
+        }
+        let usable = |s: &PendingSend| {
+            pkts[s.pkts.clone()]
+                .iter()
+                .all(|p| !lost[p.refs.clone()].iter().any(|&l| l))
+        };
+        for s in sends.iter().filter(|s| !usable(s)) {
+            self.stats.tx_errors += s.batch.count as u64;
         }
         let (local, peer) = (self.local, self.peer);
-        let fill = |buf: &mut [u8], per_segment_ids: bool| {
-            let crcs: SmallVec<[u32; MAX_BATCH_SEGMENTS]> = {
-                let buf = &*buf;
-                let mut off = 0;
-                let mut pieces = SmallVec::new();
-                pkts.iter()
-                    .enumerate()
-                    .map(|(k, p)| {
-                        let id = if per_segment_ids { k as u16 } else { 0 };
-                        let (ip, ip_len, udp) = headers(local, peer, p.len, id);
-                        let body = &buf[off..off + p.len - ICRC_LEN];
-                        off += p.len;
-                        pieces.clear();
-                        let r = p.refs.clone();
-                        packet_pieces(body, &refs[r.clone()], &payloads[r], &mut pieces);
-                        match pieces.split_first() {
-                            Some((head, rest)) => {
-                                icrc::compute_vectored(&ip[..ip_len], &udp, head, rest).unwrap_or(0)
-                            }
-                            None => 0,
+        // Writes the ICRCs of packets `range`, numbering IP IDs from 0
+        // within the range when the kernel gives each GSO segment its own
+        // (else every packet has ID 0).
+        let fill = |buf: &mut [u8], range: Range<usize>, per_segment_ids: bool| {
+            let mut off: usize = pkts[..range.start].iter().map(|p| p.len).sum();
+            for (k, p) in pkts[range].iter().enumerate() {
+                let id = if per_segment_ids { k as u16 } else { 0 };
+                let (ip, ip_len, udp) = headers(local, peer, p.len, id);
+                let crc = {
+                    let body = &buf[off..off + p.len - ICRC_LEN];
+                    let mut pieces = SmallVec::<[&[u8]; 8]>::new();
+                    let r = p.refs.clone();
+                    packet_pieces(body, &refs[r.clone()], &payloads[r], &mut pieces);
+                    match pieces.split_first() {
+                        Some((head, rest)) => {
+                            icrc::compute_vectored(&ip[..ip_len], &udp, head, rest).unwrap_or(0)
                         }
-                    })
-                    .collect()
-            };
-            let mut off = 0;
-            for (p, crc) in pkts.iter().zip(crcs) {
+                        None => 0,
+                    }
+                };
                 off += p.len;
                 buf[off - ICRC_LEN..off].copy_from_slice(&crc.to_le_bytes());
             }
         };
         let to = SockaddrStorage::from(peer);
-        if batch.count > 1 && *self.gso {
-            fill(buf, true);
-            let seg = batch.seg as u16;
-            let iov = iovecs(buf, pkts, refs, &payloads, 0..pkts.len());
-            match sys::send_to(sock, &iov, Some(seg), &to).map_err(errno) {
-                Ok(_) => {
-                    self.stats.tx_sends += 1;
-                    self.stats.tx_packets += batch.count as u64;
-                    return;
-                }
-                Err(Errno::EAGAIN | Errno::ENOBUFS) => {
-                    // A full socket buffer is a drop: the transport retransmits.
-                    self.stats.tx_errors += batch.count as u64;
-                    return;
-                }
-                Err(e) => {
-                    tracing::info!("UDP GSO refused ({e}); sending packet by packet");
-                    *self.gso = false;
-                }
+        // Batches to send packet by packet (all of them without GSO).
+        let mut unbatched: SmallVec<[&PendingSend; sys::MAX_DATAGRAMS]> = SmallVec::new();
+        if *self.gso {
+            let ready: SmallVec<[&PendingSend; sys::MAX_DATAGRAMS]> =
+                sends.iter().filter(|s| usable(s)).collect();
+            for s in &ready {
+                fill(buf, s.pkts.clone(), s.batch.count > 1);
             }
+            let buf = &*buf;
+            let out: SmallVec<[Outgoing<'_>; sys::MAX_DATAGRAMS]> = ready
+                .iter()
+                .map(|s| Outgoing {
+                    iov: iovecs(buf, pkts, refs, &payloads, s.pkts.clone()),
+                    gso: (s.batch.count > 1).then_some(s.batch.seg as u16),
+                    packets: s.batch.count,
+                })
+                .collect();
+            if let Some(refused) = self.transmit(sock, &to, &out) {
+                unbatched.extend(ready[refused..].iter().copied());
+            }
+        } else {
+            unbatched.extend(sends.iter().filter(|s| usable(s)));
         }
-        fill(buf, false);
-        for k in 0..pkts.len() {
-            let iov = iovecs(buf, pkts, refs, &payloads, k..k + 1);
-            match sys::send_to(sock, &iov, None, &to) {
-                Ok(_) => {
-                    self.stats.tx_sends += 1;
-                    self.stats.tx_packets += 1;
-                }
-                Err(_) => self.stats.tx_errors += 1,
+        for s in unbatched {
+            fill(buf, s.pkts.clone(), false);
+            let buf = &*buf;
+            let mut k = s.pkts.start;
+            while k < s.pkts.end {
+                let chunk = k..(k + sys::MAX_DATAGRAMS).min(s.pkts.end);
+                k = chunk.end;
+                let out: SmallVec<[Outgoing<'_>; sys::MAX_DATAGRAMS]> = chunk
+                    .map(|i| Outgoing {
+                        iov: iovecs(buf, pkts, refs, &payloads, i..i + 1),
+                        gso: None,
+                        packets: 1,
+                    })
+                    .collect();
+                self.transmit(sock, &to, &out);
             }
         }
         drop(payloads);
         drop(guards);
+    }
+
+    /// Hands `out` to the kernel, [`sys::MAX_DATAGRAMS`] per call. A full
+    /// socket buffer is a drop (the transport retransmits). Returns the
+    /// index of the first GSO datagram the kernel refuses as such, after
+    /// which GSO is off and the rest is left to the caller.
+    fn transmit(
+        &mut self,
+        sock: &UdpSocket,
+        to: &SockaddrStorage,
+        out: &[Outgoing<'_>],
+    ) -> Option<usize> {
+        let datagrams: SmallVec<[sys::Datagram<'_>; sys::MAX_DATAGRAMS]> = out
+            .iter()
+            .map(|o| sys::Datagram {
+                iov: &o.iov,
+                gso_size: o.gso,
+            })
+            .collect();
+        let mut i = 0;
+        while i < out.len() {
+            let end = (i + sys::MAX_DATAGRAMS).min(out.len());
+            match sys::send_many(sock, &datagrams[i..end], to).map_err(errno) {
+                Ok(n) if n > 0 => {
+                    for o in &out[i..i + n] {
+                        self.stats.tx_sends += 1;
+                        self.stats.tx_packets += o.packets as u64;
+                    }
+                    i += n;
+                }
+                Err(Errno::EINTR) => {}
+                Err(e @ (Errno::EINVAL | Errno::EIO | Errno::EOPNOTSUPP))
+                    if out[i].gso.is_some() =>
+                {
+                    tracing::info!("UDP GSO refused ({e}); sending packet by packet");
+                    *self.gso = false;
+                    return Some(i);
+                }
+                // EAGAIN / ENOBUFS (a full socket buffer) and the rest: a
+                // loss, which the transport recovers from.
+                Ok(_) | Err(_) => {
+                    self.stats.tx_errors += out[i].packets as u64;
+                    i += 1;
+                }
+            }
+        }
+        None
     }
 }
 
@@ -1321,7 +1406,12 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 local: *local,
                 peer,
             };
-            let mut batch = Batch::default();
+            // Closed batches wait in `sends` for one system call; `open` is
+            // the batch being built, from packet `open_pkts` on; `end` is
+            // where the next packet goes in the buffer.
+            let mut sends: SmallVec<[PendingSend; sys::MAX_DATAGRAMS]> = SmallVec::new();
+            let mut open = Batch::default();
+            let (mut open_pkts, mut end) = (0, 0);
             refs.clear();
             pkts.clear();
             let mut budget = FLUSH_BUDGET;
@@ -1335,7 +1425,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                     break;
                 }
                 budget -= 1;
-                let at = batch.len;
+                let at = end;
                 let first_ref = refs.len();
                 let mut buf = TxBuffer {
                     bytes: &mut tx[at..at + MAX_PACKET],
@@ -1344,50 +1434,61 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 let Some(n) = rc.poll_transmit(now, mem, &mut buf, acks) else {
                     break;
                 };
-                if batch.count > 0 && n > batch.seg {
-                    // Too big to join this batch: send it, start anew with
-                    // this packet (moving what of it the buffer holds).
-                    out.send(mem, &mut tx[..at], batch, &pkts, &refs[..first_ref]);
-                    let mut pos = 0;
-                    for r in &refs[first_ref..] {
-                        let start = r.at as usize;
-                        tx.copy_within(at + pos..at + start, pos);
-                        pos = start + r.len as usize;
-                    }
-                    tx.copy_within(at + pos..at + n, pos);
-                    refs.drain(..first_ref);
-                    pkts.clear();
-                    pkts.push(TxPacket {
-                        len: n,
-                        refs: 0..refs.len(),
+                if open.count > 0 && n > open.seg {
+                    // Too big to join the open batch: close it; this packet
+                    // starts the next.
+                    sends.push(PendingSend {
+                        batch: open,
+                        pkts: open_pkts..pkts.len(),
                     });
-                    batch = Batch {
-                        len: n,
-                        seg: n,
-                        count: 1,
-                    };
-                    continue;
+                    open = Batch::default();
+                    open_pkts = pkts.len();
                 }
                 pkts.push(TxPacket {
                     len: n,
                     refs: first_ref..refs.len(),
                 });
-                if batch.count == 0 {
-                    batch.seg = n;
+                if open.count == 0 {
+                    open.seg = n;
                 }
-                batch.len += n;
-                batch.count += 1;
+                open.len += n;
+                open.count += 1;
+                end = at + n;
                 let full =
-                    batch.count == MAX_BATCH_SEGMENTS || batch.len + batch.seg > MAX_BATCH_BYTES;
-                if n < batch.seg || full {
-                    out.send(mem, &mut tx[..batch.len], batch, &pkts, &refs);
-                    batch = Batch::default();
+                    open.count == MAX_BATCH_SEGMENTS || open.len + open.seg > MAX_BATCH_BYTES;
+                if n < open.seg || full {
+                    sends.push(PendingSend {
+                        batch: open,
+                        pkts: open_pkts..pkts.len(),
+                    });
+                    open = Batch::default();
+                    open_pkts = pkts.len();
+                }
+                // No room for another packet, or for the datagram it may
+                // start: what is pending goes now.
+                if sends.len() + 1 >= sys::MAX_DATAGRAMS || end + MAX_PACKET > tx.len() {
+                    if open.count > 0 {
+                        sends.push(PendingSend {
+                            batch: open,
+                            pkts: open_pkts..pkts.len(),
+                        });
+                        open = Batch::default();
+                    }
+                    out.send_all(mem, &mut tx[..end], &sends, &pkts, &refs);
+                    sends.clear();
                     refs.clear();
                     pkts.clear();
+                    (open_pkts, end) = (0, 0);
                 }
             }
-            if batch.count > 0 {
-                out.send(mem, &mut tx[..batch.len], batch, &pkts, &refs);
+            if open.count > 0 {
+                sends.push(PendingSend {
+                    batch: open,
+                    pkts: open_pkts..pkts.len(),
+                });
+            }
+            if !sends.is_empty() {
+                out.send_all(mem, &mut tx[..end], &sends, &pkts, &refs);
             }
         }
         if let Some(ud) = slot.ud.as_mut() {
@@ -1414,12 +1515,15 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                     peer: peer_endpoint(ip),
                 };
                 let one = [TxPacket { len: n, refs: 0..0 }];
-                let batch = Batch {
-                    len: n,
-                    seg: n,
-                    count: 1,
+                let send = PendingSend {
+                    batch: Batch {
+                        len: n,
+                        seg: n,
+                        count: 1,
+                    },
+                    pkts: 0..1,
                 };
-                out.send(mem, &mut tx[..n], batch, &one, &[]);
+                out.send_all(mem, &mut tx[..n], &[send], &one, &[]);
             }
         }
         deliver_events(slot);

@@ -56,45 +56,66 @@ pub(crate) fn set_dont_fragment(fd: &impl AsRawFd, ipv6: bool) -> io::Result<()>
 #[repr(C, align(8))]
 struct GsoControl([u8; 32]);
 
-/// `sendmsg(2)` of `iov` to `to`, as one UDP GSO batch of `gso_size`-byte
-/// segments when given. Unlike nix's wrapper it allocates nothing, which
-/// matters on the latency path (one send per message).
-pub(crate) fn send_to(
+/// One datagram of a [`send_many`] call: its bytes, and the segment size
+/// when it is a UDP GSO batch.
+pub(crate) struct Datagram<'a> {
+    pub(crate) iov: &'a [std::io::IoSlice<'a>],
+    pub(crate) gso_size: Option<u16>,
+}
+
+/// Most datagrams one [`send_many`] call hands the kernel.
+pub(crate) const MAX_DATAGRAMS: usize = 8;
+
+/// `sendmmsg(2)` of up to [`MAX_DATAGRAMS`] datagrams to `to`, each a GSO
+/// batch when it says so: one system call where `sendmsg` would make one
+/// each. How many the kernel took (it stops at the first it refuses, and
+/// reports that one's error only when it took none).
+pub(crate) fn send_many(
     fd: &impl AsRawFd,
-    iov: &[std::io::IoSlice<'_>],
-    gso_size: Option<u16>,
+    datagrams: &[Datagram<'_>],
     to: &nix::sys::socket::SockaddrStorage,
 ) -> io::Result<usize> {
     use nix::sys::socket::SockaddrLike;
-    let mut control = GsoControl([0; 32]);
-    // SAFETY: an all-zero msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = to.as_ptr().cast_mut().cast();
-    msg.msg_namelen = to.len();
-    // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix.
-    msg.msg_iov = iov.as_ptr().cast_mut().cast();
-    msg.msg_iovlen = iov.len() as _;
-    if let Some(size) = gso_size {
-        let data_len = std::mem::size_of::<u16>() as u32;
-        // SAFETY: CMSG_SPACE only computes a size.
-        let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-        debug_assert!(space <= control.0.len());
-        msg.msg_control = control.0.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: msg_control points at `space` zeroed, cmsghdr-aligned
-        // bytes that outlive the call, so CMSG_FIRSTHDR returns a header
-        // inside them with room for CMSG_LEN(2) bytes, the u16 included.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_UDP;
-            (*cmsg).cmsg_type = libc::UDP_SEGMENT;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size);
+    let datagrams = &datagrams[..datagrams.len().min(MAX_DATAGRAMS)];
+    let data_len = std::mem::size_of::<u16>() as u32;
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+    let mut controls = [const { GsoControl([0; 32]) }; MAX_DATAGRAMS];
+    // SAFETY: an all-zero mmsghdr is a valid empty one.
+    let mut headers: [libc::mmsghdr; MAX_DATAGRAMS] = unsafe { std::mem::zeroed() };
+    for ((d, h), control) in datagrams.iter().zip(&mut headers).zip(&mut controls) {
+        let msg = &mut h.msg_hdr;
+        msg.msg_name = to.as_ptr().cast_mut().cast();
+        msg.msg_namelen = to.len();
+        // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix.
+        msg.msg_iov = d.iov.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = d.iov.len() as _;
+        if let Some(size) = d.gso_size {
+            debug_assert!(space <= control.0.len());
+            msg.msg_control = control.0.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            // SAFETY: msg_control points at `space` zeroed,
+            // cmsghdr-aligned bytes that outlive the call.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(msg);
+                (*cmsg).cmsg_level = libc::SOL_UDP;
+                (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size);
+            }
         }
     }
-    // SAFETY: `fd` is an open socket; msg points at the address, the
-    // iovecs (borrowed for the call) and the control bytes, all live.
-    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, 0) };
+    // SAFETY: `fd` is an open socket; the first `datagrams.len()` headers
+    // point at the address, their iovecs (borrowed for the call) and their
+    // control bytes, all live until it returns.
+    let n = unsafe {
+        libc::sendmmsg(
+            fd.as_raw_fd(),
+            headers.as_mut_ptr(),
+            datagrams.len() as libc::c_uint,
+            0,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {

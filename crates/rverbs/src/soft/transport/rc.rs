@@ -126,8 +126,13 @@ impl CongestionWindow {
         self.recovery_until = Some(sent_high);
     }
 }
-/// Bounds of the adaptive retransmission timer.
-const MIN_FAST_RTO: Duration = Duration::from_micros(500);
+/// Bounds of the adaptive retransmission timer. The floor sits above a
+/// scheduler time slice: on a busy host (two cores, three runnable
+/// threads) a peer is sometimes off the CPU for a few milliseconds, and a
+/// 0.5 ms floor resent up to a whole window (2 MiB) on a lossless loopback
+/// once or twice a second; a lost tail still recovers in milliseconds, not
+/// the IBTA timeout's tens of them.
+const MIN_FAST_RTO: Duration = Duration::from_millis(4);
 const MAX_FAST_RTO: Duration = Duration::from_secs(1);
 /// A requester asks for an ACK at least this often within a long message.
 pub(crate) const ACK_EVERY: u32 = 64;
@@ -642,7 +647,7 @@ impl RcQp {
     }
 
     /// The adaptive retransmission timeout: two smoothed round trips and a
-    /// margin, doubled per unanswered resend, within `[0.5 ms, timeout]`.
+    /// margin, doubled per unanswered resend, within `[4 ms, timeout]`.
     fn fast_rto(&self) -> Duration {
         let base = self.srtt.map_or(Duration::from_millis(1), |s| {
             2 * s + Duration::from_micros(200)
