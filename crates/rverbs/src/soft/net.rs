@@ -1434,8 +1434,15 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 let Some(n) = rc.poll_transmit(now, mem, &mut buf, acks) else {
                     break;
                 };
-                if open.count > 0 && n > open.seg {
-                    // Too big to join the open batch: close it; this packet
+                // A packet joins the open batch if it has the batch's size,
+                // or is shorter and ends a batch of several. A lone packet
+                // and a shorter one after it (a reply and the ACK held for
+                // its QP, a RETH packet and the next) go as two datagrams
+                // of one sendmmsg: a two-segment GSO send costs the kernel
+                // more than two plain ones, and the first packet reaches
+                // the peer sooner.
+                if open.count > 0 && (n > open.seg || (n < open.seg && open.count == 1)) {
+                    // It does not join: close the open batch; this packet
                     // starts the next.
                     sends.push(PendingSend {
                         batch: open,
