@@ -1148,17 +1148,17 @@ fn errno(e: io::Error) -> Errno {
     Errno::from_raw(e.raw_os_error().unwrap_or(Errno::EIO as i32))
 }
 
-/// The I/O vector of packets `range` of a batch in `buf`: the buffer's
-/// bytes between payloads sent from MRs as few slices as possible (a batch
-/// without such payloads is one slice).
+/// Appends to `iov` the I/O vector of packets `range` of `buf`: the
+/// buffer's bytes between payloads sent from MRs as few slices as possible
+/// (packets without such payloads are one slice).
 fn iovecs<'a>(
     buf: &'a [u8],
     pkts: &[TxPacket],
     refs: &[PayloadRef],
     payloads: &[&'a [u8]],
     range: Range<usize>,
-) -> SmallVec<[IoSlice<'a>; 16]> {
-    let mut iov = SmallVec::new();
+    iov: &mut IoVector<'a>,
+) {
     let mut off: usize = pkts[..range.start].iter().map(|p| p.len).sum();
     // The stretch of `buf` not yet added.
     let mut pending = off..off;
@@ -1178,8 +1178,11 @@ fn iovecs<'a>(
     if !pending.is_empty() {
         iov.push(IoSlice::new(&buf[pending]));
     }
-    iov
 }
+
+/// The I/O vectors of one system call's datagrams, one after another (a
+/// 64 KiB WRITE's two datagrams fit without allocating).
+type IoVector<'a> = SmallVec<[IoSlice<'a>; 64]>;
 
 /// A batch closed in a flush pass, waiting for the pass's system call:
 /// its packets (laid out one after another from the transmit buffer's
@@ -1190,10 +1193,11 @@ struct PendingSend {
     pkts: Range<usize>,
 }
 
-/// A datagram ready for the kernel: its I/O vector, its GSO segment size
-/// (for a batch of more than one packet), and how many packets it holds.
-struct Outgoing<'a> {
-    iov: SmallVec<[IoSlice<'a>; 16]>,
+/// A datagram ready for the kernel: its stretch of the call's I/O vector,
+/// its GSO segment size (for a batch of more than one packet), and how
+/// many packets it holds.
+struct Outgoing {
+    iov: Range<usize>,
     gso: Option<u16>,
     packets: usize,
 }
@@ -1290,15 +1294,18 @@ impl Sender<'_> {
                 fill(buf, s.pkts.clone(), s.batch.count > 1);
             }
             let buf = &*buf;
-            let out: SmallVec<[Outgoing<'_>; sys::MAX_DATAGRAMS]> = ready
-                .iter()
-                .map(|s| Outgoing {
-                    iov: iovecs(buf, pkts, refs, &payloads, s.pkts.clone()),
+            let mut iov = IoVector::new();
+            let mut out: SmallVec<[Outgoing; sys::MAX_DATAGRAMS]> = SmallVec::new();
+            for s in &ready {
+                let start = iov.len();
+                iovecs(buf, pkts, refs, &payloads, s.pkts.clone(), &mut iov);
+                out.push(Outgoing {
+                    iov: start..iov.len(),
                     gso: (s.batch.count > 1).then_some(s.batch.seg as u16),
                     packets: s.batch.count,
-                })
-                .collect();
-            if let Some(refused) = self.transmit(sock, &to, &out) {
+                });
+            }
+            if let Some(refused) = self.transmit(sock, &to, &iov, &out) {
                 unbatched.extend(ready[refused..].iter().copied());
             }
         } else {
@@ -1311,14 +1318,18 @@ impl Sender<'_> {
             while k < s.pkts.end {
                 let chunk = k..(k + sys::MAX_DATAGRAMS).min(s.pkts.end);
                 k = chunk.end;
-                let out: SmallVec<[Outgoing<'_>; sys::MAX_DATAGRAMS]> = chunk
-                    .map(|i| Outgoing {
-                        iov: iovecs(buf, pkts, refs, &payloads, i..i + 1),
+                let mut iov = IoVector::new();
+                let mut out: SmallVec<[Outgoing; sys::MAX_DATAGRAMS]> = SmallVec::new();
+                for i in chunk {
+                    let start = iov.len();
+                    iovecs(buf, pkts, refs, &payloads, i..i + 1, &mut iov);
+                    out.push(Outgoing {
+                        iov: start..iov.len(),
                         gso: None,
                         packets: 1,
-                    })
-                    .collect();
-                self.transmit(sock, &to, &out);
+                    });
+                }
+                self.transmit(sock, &to, &iov, &out);
             }
         }
         drop(payloads);
@@ -1333,12 +1344,13 @@ impl Sender<'_> {
         &mut self,
         sock: &UdpSocket,
         to: &SockaddrStorage,
-        out: &[Outgoing<'_>],
+        iov: &[IoSlice<'_>],
+        out: &[Outgoing],
     ) -> Option<usize> {
         let datagrams: SmallVec<[sys::Datagram<'_>; sys::MAX_DATAGRAMS]> = out
             .iter()
             .map(|o| sys::Datagram {
-                iov: &o.iov,
+                iov: &iov[o.iov.clone()],
                 gso_size: o.gso,
             })
             .collect();
