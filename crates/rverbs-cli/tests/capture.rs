@@ -156,7 +156,9 @@ fn run_bench(dir: &Path, a: Ipv4Addr, b: Ipv4Addr) {
     let mut client = Stopped {
         child: Command::new(RVERBS)
             .args(["bench", "--server", &format!("127.0.0.1:{port}")])
-            .args(["--quiet", "--no-baseline", "--rounds", "1"])
+            // Posting lists puts several messages' packets in one GSO
+            // datagram and several datagrams in one sendmmsg.
+            .args(["--quiet", "--no-baseline", "--rounds", "1", "--post-list"])
             .args([
                 "--sizes",
                 "4096,65536",

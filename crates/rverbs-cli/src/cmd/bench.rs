@@ -52,6 +52,12 @@ pub struct BenchArgs {
     /// Queue pairs the bandwidth tests spread over.
     #[arg(long, default_value_t = 1)]
     pub qps: u32,
+    /// Post each refill of a send queue as one list of WRs (one doorbell
+    /// for several WRs, like perftest's --post_list) instead of one
+    /// post_send per WR. Equal-sized packets of a list then share GSO
+    /// datagrams.
+    #[arg(long)]
+    pub post_list: bool,
     /// Round trips of the latency test.
     #[arg(long, default_value_t = 20_000)]
     pub iters: u32,
@@ -403,14 +409,15 @@ fn bar(args: &BenchArgs, len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// Runs `count` operations of `size` bytes with `qd` outstanding per QP;
+/// Runs `count` operations of `size` bytes with `qd` outstanding per QP,
+/// each refill posted WR by WR or, with `post_list`, as one list per QP;
 /// returns the elapsed time.
 fn bandwidth(
     rig: &Rig,
     op: Test,
     size: usize,
     count: u64,
-    qd: u32,
+    (qd, post_list): (u32, bool),
     pb: &ProgressBar,
 ) -> Result<Duration> {
     let qps = rig.qps.len() as u64;
@@ -423,6 +430,8 @@ fn bandwidth(
     let mut posted = 0u64;
     let mut done = 0u64;
     let mut wc = [WorkCompletion::default(); 64];
+    // With `post_list`, the WRs of a refill, per QP.
+    let mut lists: Vec<Vec<SendWr<'_>>> = vec![Vec::new(); rig.qps.len()];
     let start = Instant::now();
     while done < count {
         while posted < count && posted - done < window {
@@ -439,8 +448,19 @@ fn bandwidth(
                 },
                 _ => WrOpcode::Send,
             };
-            rig.qps[i].post_send(&SendWr::new(posted, opcode, &local).signaled())?;
+            let wr = SendWr::new(posted, opcode, &local).signaled();
+            if post_list {
+                lists[i].push(wr);
+            } else {
+                rig.qps[i].post_send(&wr)?;
+            }
             posted += 1;
+        }
+        for (qp, list) in rig.qps.iter().zip(&mut lists) {
+            if !list.is_empty() {
+                qp.post_send_list(list)?;
+                list.clear();
+            }
         }
         let n = poll(&rig.cq, &mut wc)?;
         done += n as u64;
@@ -649,7 +669,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                         "idle".to_string()
                     },
                 )?;
-                let elapsed = bandwidth(&rig, test, size, count, args.qd, &pb)?;
+                let elapsed = bandwidth(&rig, test, size, count, (args.qd, args.post_list), &pb)?;
                 expect_ok(&mut server.control)?;
                 let ours = moved as f64 / elapsed.as_secs_f64() / 1e9;
                 gbps.push(ours);
