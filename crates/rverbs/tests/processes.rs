@@ -121,6 +121,8 @@ fn gso_off() {
             .split_whitespace()
             .map(|w| w.parse().unwrap())
             .collect();
+        // On a lossless loopback: nothing refused, corrupt or resent.
+        assert_eq!(f[2..], [0, 0, 0], "tx errors, ICRC errors, resent");
         (f[0], f[1])
     };
     let (sends, packets) = counts(Some("0"));
@@ -359,7 +361,8 @@ fn multicast_across_namespaces() {
 
 /// Two contexts on the default device: a 1 MiB WRITE, a 256 KiB READ and
 /// a 60 kB SEND between them, each checked byte for byte; prints the
-/// device's datagram and packet counts.
+/// device's datagrams, packets, send errors, ICRC errors and resent
+/// packets.
 fn child_transfer() {
     use rverbs::cm::{ConnectOptions, Endpoint};
     use rverbs::{QpCaps, RecvWr, SendWr, Sge, WcStatus, WorkCompletion, WrOpcode};
@@ -442,7 +445,14 @@ fn child_transfer() {
     b.4.read_at(3 << 20, &mut got).unwrap();
     assert!(got[..] == data[..60_000], "SEND data differs");
     let stats = dev.net_stats();
-    println!("{} {}", stats.tx_sends, stats.tx_packets);
+    println!(
+        "{} {} {} {} {}",
+        stats.tx_sends,
+        stats.tx_packets,
+        stats.tx_errors,
+        stats.rx_icrc_errors,
+        stats.retransmitted
+    );
 }
 
 fn child(mode: &str, args: &[String]) {

@@ -934,6 +934,7 @@ fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
             len: n,
             seg,
             next: 0,
+            ids: SegmentIds::default(),
             peer,
             completed: false,
         };
@@ -1012,6 +1013,7 @@ struct Received {
     len: usize,
     seg: usize,
     next: usize,
+    ids: SegmentIds,
     peer: SocketAddr,
     completed: bool,
 }
@@ -1034,7 +1036,8 @@ fn handle_segments(
         let start = k * batch.seg;
         let end = (start + batch.seg).min(batch.len);
         batch.next += 1;
-        let completed = handle_datagram(st, mem, now, local, batch.peer, k, &batch.buf[start..end]);
+        let pkt = &batch.buf[start..end];
+        let completed = handle_datagram(st, mem, now, local, batch.peer, (&mut batch.ids, k), pkt);
         batch.completed |= completed;
         // Just one shorter segment left — the ACK a reply carried along:
         // it can wait. A batch of equal segments (a stream of READ
@@ -1049,15 +1052,15 @@ fn handle_segments(
 }
 
 /// Checks and dispatches one received RoCE packet, segment `k` of its
-/// datagram (a GRO batch keeps a GSO sender's segments in order, with IPv4
-/// IDs 0, 1, 2, …). Whether its QP now has completions or events to report.
+/// datagram, whose IPv4 ID `ids` tells. Whether its QP now has completions
+/// or events to report.
 fn handle_datagram(
     st: &mut State,
     mem: &MrTable,
     now: Instant,
     local: SocketAddr,
     peer: SocketAddr,
-    k: usize,
+    (ids, k): (&mut SegmentIds, usize),
     pkt: &[u8],
 ) -> bool {
     st.stats.rx_packets += 1;
@@ -1065,7 +1068,7 @@ fn handle_datagram(
         let (ip, ip_len, udp) = headers(peer, local, pkt.len(), id);
         matches!(icrc::check(&ip[..ip_len], &udp, pkt), Ok((c, w)) if c == w)
     };
-    if !(icrc_ok(k as u16) || (k > 0 && icrc_ok(0))) {
+    if !ids.accept(k, icrc_ok) {
         st.stats.rx_icrc_errors += 1;
         return false;
     }
@@ -1094,6 +1097,33 @@ fn handle_datagram(
     }
     mark_dirty(st, qpn);
     completed
+}
+
+/// The IPv4 IDs of a received datagram's segments. A GSO send's segments
+/// carry 0, 1, 2, … and GRO keeps them in order; but a receiver's GRO may
+/// also join several sends, whose IDs each restart at 0. Segment k is
+/// checked with its ID counted from the last segment that carried 0, and
+/// failing that with 0.
+#[derive(Debug, Default)]
+struct SegmentIds {
+    /// The last segment found to carry ID 0.
+    base: usize,
+}
+
+impl SegmentIds {
+    /// Whether segment `k`'s ICRC is right (`icrc_ok`) for an ID it may
+    /// carry; a match with 0 makes `k` the new base.
+    fn accept(&mut self, k: usize, icrc_ok: impl Fn(u16) -> bool) -> bool {
+        let id = k.saturating_sub(self.base) as u16;
+        if icrc_ok(id) {
+            true
+        } else if id > 0 && icrc_ok(0) {
+            self.base = k;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 fn sockaddr(s: &SockaddrStorage) -> Option<SocketAddr> {
@@ -1180,8 +1210,9 @@ fn iovecs<'a>(
     }
 }
 
-/// The I/O vectors of one system call's datagrams, one after another (a
-/// 64 KiB WRITE's two datagrams fit without allocating).
+/// The I/O vectors of one pass's datagrams, one after another (a 64 KiB
+/// WRITE's two datagrams fit without allocating; a longer stream's spill
+/// to the heap).
 type IoVector<'a> = SmallVec<[IoSlice<'a>; 64]>;
 
 /// A batch closed in a flush pass, waiting for the pass's system call:
@@ -1311,26 +1342,24 @@ impl Sender<'_> {
         } else {
             unbatched.extend(sends.iter().filter(|s| usable(s)));
         }
-        for s in unbatched {
-            fill(buf, s.pkts.clone(), false);
-            let buf = &*buf;
-            let mut k = s.pkts.start;
-            while k < s.pkts.end {
-                let chunk = k..(k + sys::MAX_DATAGRAMS).min(s.pkts.end);
-                k = chunk.end;
-                let mut iov = IoVector::new();
-                let mut out: SmallVec<[Outgoing; sys::MAX_DATAGRAMS]> = SmallVec::new();
-                for i in chunk {
-                    let start = iov.len();
-                    iovecs(buf, pkts, refs, &payloads, i..i + 1, &mut iov);
-                    out.push(Outgoing {
-                        iov: start..iov.len(),
-                        gso: None,
-                        packets: 1,
-                    });
-                }
-                self.transmit(sock, &to, &iov, &out);
+        if !unbatched.is_empty() {
+            for s in &unbatched {
+                fill(buf, s.pkts.clone(), false);
             }
+            let buf = &*buf;
+            let mut iov = IoVector::new();
+            let mut out: SmallVec<[Outgoing; sys::MAX_DATAGRAMS]> = SmallVec::new();
+            for i in unbatched.iter().flat_map(|s| s.pkts.clone()) {
+                let start = iov.len();
+                iovecs(buf, pkts, refs, &payloads, i..i + 1, &mut iov);
+                out.push(Outgoing {
+                    iov: start..iov.len(),
+                    gso: None,
+                    packets: 1,
+                });
+            }
+            // No GSO datagram among them: nothing to refuse.
+            self.transmit(sock, &to, &iov, &out);
         }
         drop(payloads);
         drop(guards);
@@ -1483,9 +1512,18 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                     open = Batch::default();
                     open_pkts = pkts.len();
                 }
-                // No room for another packet, or for the datagram it may
-                // start: what is pending goes now.
-                if sends.len() + 1 >= sys::MAX_DATAGRAMS || end + MAX_PACKET > tx.len() {
+                // What is pending goes when a batch has just closed and
+                // there is no room for another full one (or a call's worth
+                // of datagrams waits) — so a stream's batches stay whole:
+                // a receiver's GRO may join GSO sends, and each send's IPv4
+                // IDs restart at 0 — or, failing that, when not even one
+                // more packet fits.
+                let room = if open.count == 0 {
+                    MAX_BATCH_BYTES + MAX_PACKET
+                } else {
+                    MAX_PACKET
+                };
+                if sends.len() >= sys::MAX_DATAGRAMS || end + room > tx.len() {
                     if open.count > 0 {
                         sends.push(PendingSend {
                             batch: open,
@@ -1624,4 +1662,116 @@ fn deliver_events(slot: &mut QpSlot) {
 /// The UDP endpoint of a RoCEv2 peer with this GID.
 pub(crate) fn peer_endpoint(ip: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, ROCE_V2_PORT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends three 100-byte packets as one batch from a fresh socket (made
+    /// to refuse GSO when `refuse_gso`) to a plain one; returns the engine's
+    /// GSO flag and counters after, and the datagrams received, each with
+    /// the IPv4 ID its ICRC is right for (`None`: none of 0..3).
+    /// A received datagram and the IPv4 ID its ICRC is right for.
+    type Delivered = (Vec<u8>, Option<u16>);
+
+    fn send_batch(refuse_gso: bool) -> (bool, NetStats, Vec<Delivered>) {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sys::set_dont_fragment(&sock, false).unwrap();
+        if refuse_gso {
+            sys::set_no_udp_checksum(&sock).unwrap();
+        }
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let (mut gso, mut stats) = (true, NetStats::default());
+        let mut out = Sender {
+            socket: Some(&sock),
+            gso: &mut gso,
+            stats: &mut stats,
+            local: sock.local_addr().unwrap(),
+            peer: peer.local_addr().unwrap(),
+        };
+        let mut buf: Vec<u8> = (0..300u32).map(|i| (i * 7 + 1) as u8).collect();
+        let pkts: Vec<TxPacket> = (0..3)
+            .map(|_| TxPacket {
+                len: 100,
+                refs: 0..0,
+            })
+            .collect();
+        let send = PendingSend {
+            batch: Batch {
+                len: 300,
+                seg: 100,
+                count: 3,
+            },
+            pkts: 0..3,
+        };
+        out.send_all(&MrTable::new(4), &mut buf, &[send], &pkts, &[]);
+        let mut got = Vec::new();
+        let mut rb = [0u8; 2048];
+        while let Ok((n, from)) = peer.recv_from(&mut rb) {
+            let pkt = rb[..n].to_vec();
+            let id = (0..3u16).find(|&id| {
+                let (ip, ip_len, udp) = headers(from, peer.local_addr().unwrap(), n, id);
+                matches!(icrc::check(&ip[..ip_len], &udp, &pkt), Ok((c, w)) if c == w)
+            });
+            got.push((pkt, id));
+        }
+        (gso, stats, got)
+    }
+
+    /// Which segments of a GRO batch whose packets really carry the IPv4
+    /// IDs `wire` pass the check (as if each ICRC were right for its ID).
+    fn accepted(wire: &[u16]) -> Vec<bool> {
+        let mut ids = SegmentIds::default();
+        (0..wire.len())
+            .map(|k| ids.accept(k, |id| id == wire[k]))
+            .collect()
+    }
+
+    #[test]
+    fn gro_joining_gso_sends_keeps_every_segment() {
+        // A send of 3, then one of 4: the IDs restart at 0.
+        assert_eq!(accepted(&[0, 1, 2, 0, 1, 2, 3]), [true; 7]);
+        // Three one-packet sends.
+        assert_eq!(accepted(&[0, 0, 0]), [true; 3]);
+        // A segment right for no ID it may carry is dropped; the count
+        // goes on.
+        assert_eq!(accepted(&[0, 1, 5, 3]), [true, true, false, true]);
+        // A batch that starts inside a send is not recognised.
+        assert_eq!(accepted(&[4, 5]), [false, false]);
+    }
+
+    #[test]
+    fn a_batch_is_one_gso_send_with_an_icrc_per_segment_id() {
+        let (gso, stats, got) = send_batch(false);
+        assert!(gso);
+        assert_eq!(
+            (stats.tx_sends, stats.tx_packets, stats.tx_errors),
+            (1, 3, 0)
+        );
+        // The peer has no UDP_GRO: the kernel splits the batch for it.
+        let ids: Vec<_> = got.iter().map(|(p, id)| (p.len(), *id)).collect();
+        assert_eq!(ids, [(100, Some(0)), (100, Some(1)), (100, Some(2))]);
+    }
+
+    #[test]
+    fn refused_gso_falls_back_to_a_datagram_per_packet() {
+        let (gso, stats, got) = send_batch(true);
+        assert!(!gso, "GSO still on after the kernel refused it");
+        assert_eq!(
+            (stats.tx_sends, stats.tx_packets, stats.tx_errors),
+            (3, 3, 0)
+        );
+        let ids: Vec<_> = got.iter().map(|(p, id)| (p.len(), *id)).collect();
+        assert_eq!(ids, [(100, Some(0)), (100, Some(0)), (100, Some(0))]);
+        // Each packet's own bytes, in order (the ICRC aside).
+        for (k, (p, _)) in got.iter().enumerate() {
+            let want: Vec<u8> = (100 * k as u32..100 * k as u32 + 96)
+                .map(|i| (i * 7 + 1) as u8)
+                .collect();
+            assert_eq!(p[..96], want[..]);
+        }
+    }
 }

@@ -56,6 +56,14 @@ pub(crate) fn set_dont_fragment(fd: &impl AsRawFd, ipv6: bool) -> io::Result<()>
 #[repr(C, align(8))]
 struct GsoControl([u8; 32]);
 
+/// Sends UDP datagrams without a checksum (`SO_NO_CHECK`), which makes
+/// Linux refuse GSO sends (EINVAL): how the tests reach the engine's
+/// fallback to a datagram per packet.
+#[cfg(test)]
+pub(crate) fn set_no_udp_checksum(fd: &impl AsRawFd) -> io::Result<()> {
+    set_int_opt(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+}
+
 /// One datagram of a [`send_many`] call: its bytes, and the segment size
 /// when it is a UDP GSO batch.
 pub(crate) struct Datagram<'a> {
