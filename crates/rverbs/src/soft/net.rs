@@ -1485,12 +1485,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 if open.count > 0 && (n > open.seg || (n < open.seg && open.count == 1)) {
                     // It does not join: close the open batch; this packet
                     // starts the next.
-                    sends.push(PendingSend {
-                        batch: open,
-                        pkts: open_pkts..pkts.len(),
-                    });
-                    open = Batch::default();
-                    open_pkts = pkts.len();
+                    close_batch(&mut sends, &mut open, &mut open_pkts, pkts.len());
                 }
                 pkts.push(TxPacket {
                     len: n,
@@ -1505,12 +1500,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 let full =
                     open.count == MAX_BATCH_SEGMENTS || open.len + open.seg > MAX_BATCH_BYTES;
                 if n < open.seg || full {
-                    sends.push(PendingSend {
-                        batch: open,
-                        pkts: open_pkts..pkts.len(),
-                    });
-                    open = Batch::default();
-                    open_pkts = pkts.len();
+                    close_batch(&mut sends, &mut open, &mut open_pkts, pkts.len());
                 }
                 // What is pending goes when a batch has just closed and
                 // there is no room for another full one (or a call's worth
@@ -1524,13 +1514,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                     MAX_PACKET
                 };
                 if sends.len() >= sys::MAX_DATAGRAMS || end + room > tx.len() {
-                    if open.count > 0 {
-                        sends.push(PendingSend {
-                            batch: open,
-                            pkts: open_pkts..pkts.len(),
-                        });
-                        open = Batch::default();
-                    }
+                    close_batch(&mut sends, &mut open, &mut open_pkts, pkts.len());
                     out.send_all(mem, &mut tx[..end], &sends, &pkts, &refs);
                     sends.clear();
                     refs.clear();
@@ -1538,12 +1522,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                     (open_pkts, end) = (0, 0);
                 }
             }
-            if open.count > 0 {
-                sends.push(PendingSend {
-                    batch: open,
-                    pkts: open_pkts..pkts.len(),
-                });
-            }
+            close_batch(&mut sends, &mut open, &mut open_pkts, pkts.len());
             if !sends.is_empty() {
                 out.send_all(mem, &mut tx[..end], &sends, &pkts, &refs);
             }
@@ -1611,6 +1590,24 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
     dirty.clear();
     dirty.extend(unfinished);
     st.dirty = dirty;
+}
+
+/// Closes the open batch (packets `open_pkts..pkts_len`), if it holds any,
+/// into `sends`; the next starts empty at `pkts_len`.
+fn close_batch(
+    sends: &mut SmallVec<[PendingSend; sys::MAX_DATAGRAMS]>,
+    open: &mut Batch,
+    open_pkts: &mut usize,
+    pkts_len: usize,
+) {
+    if open.count > 0 {
+        sends.push(PendingSend {
+            batch: *open,
+            pkts: *open_pkts..pkts_len,
+        });
+    }
+    *open = Batch::default();
+    *open_pkts = pkts_len;
 }
 
 /// Hands a QP's completions to its CQs and its async events to its context.
