@@ -102,8 +102,9 @@ pub(crate) fn send_many(
             debug_assert!(space <= control.0.len());
             msg.msg_control = control.0.as_mut_ptr().cast();
             msg.msg_controllen = space as _;
-            // SAFETY: msg_control points at `space` zeroed,
-            // cmsghdr-aligned bytes that outlive the call.
+            // SAFETY: msg_control points at `space` zeroed, cmsghdr-aligned
+            // bytes that outlive the call, so CMSG_FIRSTHDR returns a header
+            // inside them with room for CMSG_LEN(2) bytes, the u16 included.
             unsafe {
                 let cmsg = libc::CMSG_FIRSTHDR(msg);
                 (*cmsg).cmsg_level = libc::SOL_UDP;
