@@ -1037,7 +1037,15 @@ fn handle_segments(
         let end = (start + batch.seg).min(batch.len);
         batch.next += 1;
         let pkt = &batch.buf[start..end];
-        let completed = handle_datagram(st, mem, now, local, batch.peer, (&mut batch.ids, k), pkt);
+        let completed = handle_datagram(
+            st,
+            mem,
+            now,
+            local,
+            batch.peer,
+            (&mut batch.ids, k, count),
+            pkt,
+        );
         batch.completed |= completed;
         // Just one shorter segment left — the ACK a reply carried along:
         // it can wait. A batch of equal segments (a stream of READ
@@ -1051,16 +1059,16 @@ fn handle_segments(
     false
 }
 
-/// Checks and dispatches one received RoCE packet, segment `k` of its
-/// datagram, whose IPv4 ID `ids` tells. Whether its QP now has completions
-/// or events to report.
+/// Checks and dispatches one received RoCE packet, segment `k` of the
+/// `count` of its datagram, whose IPv4 ID `ids` tells. Whether its QP now
+/// has completions or events to report.
 fn handle_datagram(
     st: &mut State,
     mem: &MrTable,
     now: Instant,
     local: SocketAddr,
     peer: SocketAddr,
-    (ids, k): (&mut SegmentIds, usize),
+    (ids, k, count): (&mut SegmentIds, usize, usize),
     pkt: &[u8],
 ) -> bool {
     st.stats.rx_packets += 1;
@@ -1068,7 +1076,7 @@ fn handle_datagram(
         let (ip, ip_len, udp) = headers(peer, local, pkt.len(), id);
         matches!(icrc::check(&ip[..ip_len], &udp, pkt), Ok((c, w)) if c == w)
     };
-    if !ids.accept(k, icrc_ok) {
+    if !ids.accept(k, count, icrc_ok) {
         st.stats.rx_icrc_errors += 1;
         return false;
     }
@@ -1101,28 +1109,40 @@ fn handle_datagram(
 
 /// The IPv4 IDs of a received datagram's segments. A GSO send's segments
 /// carry 0, 1, 2, … and GRO keeps them in order; but a receiver's GRO may
-/// also join several sends, whose IDs each restart at 0. Segment k is
-/// checked with its ID counted from the last segment that carried 0, and
-/// failing that with 0.
+/// also join several sends, whose IDs each restart at 0, and may start a
+/// batch inside a send (where a NIC's poll ended). Segment k is checked
+/// with its ID counted from where the current send started, then with 0 (a
+/// new send); the first segment of a batch of several, failing both, with
+/// each ID a GSO send's segment can have.
 #[derive(Debug, Default)]
 struct SegmentIds {
-    /// The last segment found to carry ID 0.
-    base: usize,
+    /// Where the current send's ID 0 is, in segments (negative when the
+    /// batch began inside a send).
+    start: isize,
 }
 
 impl SegmentIds {
-    /// Whether segment `k`'s ICRC is right (`icrc_ok`) for an ID it may
-    /// carry; a match with 0 makes `k` the new base.
-    fn accept(&mut self, k: usize, icrc_ok: impl Fn(u16) -> bool) -> bool {
-        let id = k.saturating_sub(self.base) as u16;
+    /// Whether segment `k` of a batch of `count`'s ICRC is right
+    /// (`icrc_ok`) for an ID it may carry; the match places the send.
+    fn accept(&mut self, k: usize, count: usize, icrc_ok: impl Fn(u16) -> bool) -> bool {
+        let k = k as isize;
+        let id = (k - self.start) as u16;
         if icrc_ok(id) {
-            true
-        } else if id > 0 && icrc_ok(0) {
-            self.base = k;
-            true
-        } else {
-            false
+            return true;
         }
+        if id > 0 && icrc_ok(0) {
+            self.start = k;
+            return true;
+        }
+        if k == 0 && count > 1 {
+            // Costly (a CRC per guess), and only for a batch's first
+            // segment: a packet right for none of them is dropped.
+            if let Some(j) = (1..MAX_BATCH_SEGMENTS as u16).find(|&j| icrc_ok(j)) {
+                self.start = -(j as isize);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -1723,7 +1743,7 @@ mod tests {
     fn accepted(wire: &[u16]) -> Vec<bool> {
         let mut ids = SegmentIds::default();
         (0..wire.len())
-            .map(|k| ids.accept(k, |id| id == wire[k]))
+            .map(|k| ids.accept(k, wire.len(), |id| id == wire[k]))
             .collect()
     }
 
@@ -1733,11 +1753,15 @@ mod tests {
         assert_eq!(accepted(&[0, 1, 2, 0, 1, 2, 3]), [true; 7]);
         // Three one-packet sends.
         assert_eq!(accepted(&[0, 0, 0]), [true; 3]);
+        // A batch that starts inside a send, then the next send.
+        assert_eq!(accepted(&[4, 5, 6, 0, 1]), [true; 5]);
         // A segment right for no ID it may carry is dropped; the count
         // goes on.
         assert_eq!(accepted(&[0, 1, 5, 3]), [true, true, false, true]);
-        // A batch that starts inside a send is not recognised.
-        assert_eq!(accepted(&[4, 5]), [false, false]);
+        // Past the IDs a GSO send can give, or a lone datagram (one
+        // packet: ID 0) that is not 0: dropped.
+        assert_eq!(accepted(&[70, 71]), [false, false]);
+        assert_eq!(accepted(&[3]), [false]);
     }
 
     #[test]
