@@ -310,6 +310,21 @@ impl SoftDevice {
         }
     }
 
+    /// Whether a destroy verb may go ahead: on a live device when `busy`
+    /// finds nothing holding the object (else EBUSY with its reason); after
+    /// disassociation EIO, or yes without checks under
+    /// RDMAV_ALLOW_DISASSOC_DESTROY (see [`destroy_path`](Self::destroy_path)).
+    pub(crate) fn may_destroy(
+        &self,
+        verb: Verb,
+        busy: impl FnOnce() -> Option<String>,
+    ) -> Result<(), Error> {
+        match self.destroy_path(verb)? {
+            DestroyPath::Forced => Ok(()),
+            DestroyPath::Checked => busy().map_or(Ok(()), |why| Err(Error::busy(verb, why))),
+        }
+    }
+
     /// A new handle, unique on this device for the life of the process (a
     /// 64-bit count does not wrap), so handles also serve as identities: the
     /// PD check compares PD handles.

@@ -205,7 +205,13 @@ impl AddressHandle {
     pub fn destroy(self) -> Result<(), Rejected<AddressHandle>> {
         // No checks: nothing holds an AH but the WRs that used it, which
         // copied its address at post time.
-        if let Err(e) = self.core.pd.ctx.device.destroy_path(Verb::DestroyAh) {
+        if let Err(e) = self
+            .core
+            .pd
+            .ctx
+            .device
+            .may_destroy(Verb::DestroyAh, || None)
+        {
             return Err(Rejected::new(e, self));
         }
         self.core.release();

@@ -347,7 +347,7 @@ impl MemoryRegion {
     /// (`None` for memory registered with [`ProtectionDomain::reg_mr_raw`]).
     /// Waits for device accesses in flight; later accesses with its keys fail.
     pub fn dereg(mut self) -> Result<Option<MrBuffer>, Rejected<MemoryRegion>> {
-        if let Err(e) = self.pd.ctx.device.destroy_path(Verb::DeregMr) {
+        if let Err(e) = self.pd.ctx.device.may_destroy(Verb::DeregMr, || None) {
             return Err(Rejected::new(e, self));
         }
         Ok(self.release())

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use crate::attr::AccessFlags;
 use crate::error::{Error, Rejected, Result, Verb};
 use crate::soft::context::ContextCore;
-use crate::soft::device::DestroyPath;
 use crate::soft::memory::Region;
 use crate::soft::pd::PdCore;
 use crate::verbs::mr::{MemoryRegion, MrBuffer};
@@ -112,23 +111,14 @@ impl ProtectionDomain {
     /// Deallocates the PD (`ibv_dealloc_pd`). Fails with EBUSY, handing the
     /// PD back, while MRs, QPs or AHs use it.
     pub fn dealloc(self) -> Result<(), Rejected<ProtectionDomain>> {
-        let verb = Verb::DeallocPd;
-        match self.core.ctx.device.destroy_path(verb) {
-            Err(e) => return Err(Rejected::new(e, self)),
-            Ok(DestroyPath::Forced) => {}
-            Ok(DestroyPath::Checked) => {
-                let users = self.core.users();
-                if users > 0 {
-                    let err = Error::busy(
-                        verb,
-                        format!(
-                            "{users} MR(s), QP(s) or AH(s) still use PD {}",
-                            self.core.handle
-                        ),
-                    );
-                    return Err(Rejected::new(err, self));
-                }
-            }
+        let core = &self.core;
+        let checked = core.ctx.device.may_destroy(Verb::DeallocPd, || {
+            let users = core.users();
+            (users > 0)
+                .then(|| format!("{users} MR(s), QP(s) or AH(s) still use PD {}", core.handle))
+        });
+        if let Err(e) = checked {
+            return Err(Rejected::new(e, self));
         }
         self.core.release();
         Ok(())

@@ -9,7 +9,7 @@ use rverbs_wire::{Psn, RnrTimer};
 use crate::attr::{AccessFlags, Gid, Mtu};
 use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
 use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpType};
-use crate::soft::device::{DestroyPath, GID_TABLE_LEN, PORT_NUM};
+use crate::soft::device::{GID_TABLE_LEN, PORT_NUM};
 use crate::soft::net::{peer_endpoint, AttachError};
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
@@ -797,31 +797,26 @@ impl QueuePair {
     /// [`AsyncEvent`](crate::AsyncEvent) for it is unacknowledged. (Dropping
     /// it detaches it.)
     pub fn destroy(self) -> Result<(), Rejected<QueuePair>> {
-        let verb = Verb::DestroyQp;
-        match self.core.ctx.device.destroy_path(verb) {
-            Err(e) => return Err(Rejected::new(e, self)),
-            Ok(DestroyPath::Forced) => {}
-            Ok(DestroyPath::Checked) => {
-                let groups = self.core.ctx.device.engine.groups_of(self.core.qpn);
-                if groups > 0 {
-                    let err = Error::busy(
-                        verb,
-                        format!(
-                            "QP {:#x} is attached to {groups} multicast group(s): detach first",
-                            self.core.qpn
-                        ),
-                    );
-                    return Err(Rejected::new(err, self));
-                }
-                let unacked = self.core.async_events.unacked();
-                if unacked > 0 {
-                    let err = Error::busy(
-                        verb,
-                        format!("{unacked} async event(s) of QP {:#x} not acknowledged (drop the AsyncEvent)", self.core.qpn),
-                    );
-                    return Err(Rejected::new(err, self));
-                }
+        let core = &self.core;
+        let checked = core.ctx.device.may_destroy(Verb::DestroyQp, || {
+            let groups = core.ctx.device.engine.groups_of(core.qpn);
+            let unacked = core.async_events.unacked();
+            if groups > 0 {
+                Some(format!(
+                    "QP {:#x} is attached to {groups} multicast group(s): detach first",
+                    core.qpn
+                ))
+            } else {
+                (unacked > 0).then(|| {
+                    format!(
+                        "{unacked} async event(s) of QP {:#x} not acknowledged (drop the AsyncEvent)",
+                        core.qpn
+                    )
+                })
             }
+        });
+        if let Err(e) = checked {
+            return Err(Rejected::new(e, self));
         }
         self.core.release();
         Ok(())

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use bitflags::bitflags;
 
 use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
-use crate::soft::device::DestroyPath;
 use crate::soft::srq::SrqCore;
 use crate::soft::transport::{RecvWqe, SgeList};
 use crate::verbs::pd::ProtectionDomain;
@@ -259,31 +258,22 @@ impl SharedReceiveQueue {
     /// QP uses it or an [`AsyncEvent`](crate::AsyncEvent) for it is
     /// unacknowledged.
     pub fn destroy(self) -> Result<(), Rejected<SharedReceiveQueue>> {
-        let verb = Verb::DestroySrq;
-        match self.core.ctx.device.destroy_path(verb) {
-            Err(e) => return Err(Rejected::new(e, self)),
-            Ok(DestroyPath::Forced) => {}
-            Ok(DestroyPath::Checked) => {
-                let users = self.core.users();
-                if users > 0 {
-                    let err = Error::busy(
-                        verb,
-                        format!("{users} QP(s) still use SRQ {}", self.core.handle),
-                    );
-                    return Err(Rejected::new(err, self));
-                }
-                let unacked = self.core.async_events.unacked();
-                if unacked > 0 {
-                    let err = Error::busy(
-                        verb,
-                        format!(
-                            "{unacked} async event(s) of SRQ {} not acknowledged (drop the AsyncEvent)",
-                            self.core.handle
-                        ),
-                    );
-                    return Err(Rejected::new(err, self));
-                }
+        let core = &self.core;
+        let checked = core.ctx.device.may_destroy(Verb::DestroySrq, || {
+            let (users, unacked) = (core.users(), core.async_events.unacked());
+            if users > 0 {
+                Some(format!("{users} QP(s) still use SRQ {}", core.handle))
+            } else {
+                (unacked > 0).then(|| {
+                    format!(
+                        "{unacked} async event(s) of SRQ {} not acknowledged (drop the AsyncEvent)",
+                        core.handle
+                    )
+                })
             }
+        });
+        if let Err(e) = checked {
+            return Err(Rejected::new(e, self));
         }
         self.core.release();
         Ok(())
