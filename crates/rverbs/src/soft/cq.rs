@@ -13,6 +13,7 @@ use crate::resources::ResourceKind;
 use crate::soft::channel::ChannelCore;
 use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::device::NUM_COMP_VECTORS;
+use crate::soft::Users;
 use crate::wc::{WcStatus, WorkCompletion};
 
 /// Events handed to the user and events the user acknowledged.
@@ -75,7 +76,7 @@ pub(crate) struct CqCore {
     state: Mutex<CqState>,
     pub(crate) comp_events: EventCounts,
     pub(crate) async_events: EventCounts,
-    users: AtomicU32,
+    pub(crate) users: Users,
     released: AtomicBool,
 }
 
@@ -145,7 +146,7 @@ impl CqCore {
             }),
             comp_events: EventCounts::default(),
             async_events: EventCounts::default(),
-            users: AtomicU32::new(0),
+            users: Users::default(),
             released: AtomicBool::new(false),
         });
         if let Some(ch) = channel {
@@ -257,19 +258,6 @@ impl CqCore {
     #[cfg(test)]
     pub(crate) fn overrun(&self) -> bool {
         self.lock().overrun
-    }
-
-    /// QPs (and later SRQs) using the CQ.
-    pub(crate) fn users(&self) -> u32 {
-        self.users.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn add_user(&self) {
-        self.users.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn remove_user(&self) {
-        self.users.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Whether the CQ was destroyed.

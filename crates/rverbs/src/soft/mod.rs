@@ -23,3 +23,24 @@ pub(crate) mod qp;
 pub(crate) mod srq;
 pub(crate) mod sys;
 pub(crate) mod transport;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// How many objects use a resource — QPs a CQ or an SRQ; MRs, QPs, AHs and
+/// SRQs a PD: its destroy verb is EBUSY while any do.
+#[derive(Debug, Default)]
+pub(crate) struct Users(AtomicU32);
+
+impl Users {
+    pub(crate) fn count(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn remove(&self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}

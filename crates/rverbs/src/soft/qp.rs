@@ -65,11 +65,11 @@ impl QpCore {
             async_events: EventCounts::default(),
             released: AtomicBool::new(false),
         });
-        pd.add_user();
-        send_cq.add_user();
-        recv_cq.add_user();
+        pd.users.add();
+        send_cq.users.add();
+        recv_cq.users.add();
         if let Some(s) = srq {
-            s.add_user();
+            s.users.add();
         }
         ctx.ledger.add(ResourceKind::Qp, qp.handle);
         qp
@@ -94,11 +94,11 @@ impl QpCore {
         self.ctx
             .async_events
             .retain(|e| !matches!(&e.source, AsyncSource::Qp(w) if w.as_ptr() == me));
-        self.pd.remove_user();
-        self.send_cq.remove_user();
-        self.recv_cq.remove_user();
+        self.pd.users.remove();
+        self.send_cq.users.remove();
+        self.recv_cq.users.remove();
         if let Some(s) = &self.srq {
-            s.remove_user();
+            s.users.remove();
         }
         self.ctx.ledger.remove(ResourceKind::Qp, self.handle);
         self.ctx.device.qps.release();

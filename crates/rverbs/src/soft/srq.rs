@@ -1,7 +1,7 @@
 //! Shared receive queues as the engine sees them: the queue QPs take
 //! receive WRs from, its limits, and the count of QPs using it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::resources::ResourceKind;
@@ -9,6 +9,7 @@ use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::cq::EventCounts;
 use crate::soft::pd::PdCore;
 use crate::soft::transport::recv::SharedRq;
+use crate::soft::Users;
 
 /// One shared receive queue.
 pub(crate) struct SrqCore {
@@ -21,7 +22,7 @@ pub(crate) struct SrqCore {
     pub(crate) user_data: u64,
     pub(crate) async_events: EventCounts,
     /// QPs taking their receive WRs from it.
-    users: AtomicU32,
+    pub(crate) users: Users,
     released: AtomicBool,
 }
 
@@ -42,25 +43,12 @@ impl SrqCore {
             max_sge,
             user_data,
             async_events: EventCounts::default(),
-            users: AtomicU32::new(0),
+            users: Users::default(),
             released: AtomicBool::new(false),
         });
-        pd.add_user();
+        pd.users.add();
         ctx.ledger.add(ResourceKind::Srq, srq.handle);
         srq
-    }
-
-    /// QPs using the SRQ.
-    pub(crate) fn users(&self) -> u32 {
-        self.users.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn add_user(&self) {
-        self.users.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn remove_user(&self) {
-        self.users.fetch_sub(1, Ordering::AcqRel);
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -78,7 +66,7 @@ impl SrqCore {
         self.ctx
             .async_events
             .retain(|e| !matches!(&e.source, AsyncSource::Srq(w) if w.as_ptr() == me));
-        self.pd.remove_user();
+        self.pd.users.remove();
         self.ctx.ledger.remove(ResourceKind::Srq, self.handle);
         self.ctx.device.srqs.release();
     }

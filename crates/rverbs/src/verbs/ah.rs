@@ -29,7 +29,7 @@ impl AhCore {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.pd.remove_user();
+        self.pd.users.remove();
         self.pd.ctx.ledger.remove(ResourceKind::Ah, self.handle);
         self.pd.ctx.device.ahs.release();
     }
@@ -107,7 +107,7 @@ impl ProtectionDomain {
             attr: *attr,
             released: AtomicBool::new(false),
         });
-        pd.add_user();
+        pd.users.add();
         pd.ctx.ledger.add(ResourceKind::Ah, core.handle);
         Ok(AddressHandle { core })
     }

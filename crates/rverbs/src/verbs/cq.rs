@@ -170,8 +170,12 @@ impl CompletionQueue {
                 // Checked and released under the channel's lock: no reader
                 // hands out an event for this CQ in between.
                 let checked = core.release_if_idle(|| {
-                    if core.users() > 0 {
-                        Err(format!("{} QP(s) use CQ {}", core.users(), core.handle))
+                    if core.users.count() > 0 {
+                        Err(format!(
+                            "{} QP(s) use CQ {}",
+                            core.users.count(),
+                            core.handle
+                        ))
                     } else if core.comp_events.unacked() > 0 {
                         Err(format!(
                             "{} completion event(s) of CQ {} not acknowledged (drop the CqEvent)",

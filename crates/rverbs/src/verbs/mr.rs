@@ -177,7 +177,7 @@ impl MemoryRegion {
             );
             (e, state.region)
         })?;
-        pd.add_user();
+        pd.users.add();
         pd.ctx.ledger.add(ResourceKind::Mr, handle);
         Ok(MemoryRegion {
             core,
@@ -310,8 +310,8 @@ impl MemoryRegion {
         st.key = key;
         drop(st);
         if let Some(pd) = req.pd {
-            pd.core.add_user();
-            self.pd.remove_user();
+            pd.core.users.add();
+            self.pd.users.remove();
             self.pd = pd.core.clone();
         }
         Ok(old.and_then(Region::into_owned).map(MrBuffer::from))
@@ -362,7 +362,7 @@ impl MemoryRegion {
         st.valid = false;
         let region = std::mem::replace(&mut st.region, Region::empty());
         drop(st);
-        self.pd.remove_user();
+        self.pd.users.remove();
         self.pd
             .ctx
             .ledger

@@ -113,7 +113,7 @@ impl ProtectionDomain {
     pub fn dealloc(self) -> Result<(), Rejected<ProtectionDomain>> {
         let core = &self.core;
         let checked = core.ctx.device.may_destroy(Verb::DeallocPd, || {
-            let users = core.users();
+            let users = core.users.count();
             (users > 0)
                 .then(|| format!("{users} MR(s), QP(s) or AH(s) still use PD {}", core.handle))
         });
@@ -129,7 +129,7 @@ impl fmt::Debug for ProtectionDomain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProtectionDomain")
             .field("handle", &self.core.handle)
-            .field("users", &self.core.users())
+            .field("users", &self.core.users.count())
             .finish()
     }
 }

@@ -124,7 +124,7 @@ impl SharedReceiveQueue {
 
     /// QPs taking their receive WRs from it.
     pub fn users(&self) -> u32 {
-        self.core.users()
+        self.core.users.count()
     }
 
     /// Async events (reported, acknowledged) so far.
@@ -260,7 +260,7 @@ impl SharedReceiveQueue {
     pub fn destroy(self) -> Result<(), Rejected<SharedReceiveQueue>> {
         let core = &self.core;
         let checked = core.ctx.device.may_destroy(Verb::DestroySrq, || {
-            let (users, unacked) = (core.users(), core.async_events.unacked());
+            let (users, unacked) = (core.users.count(), core.async_events.unacked());
             if users > 0 {
                 Some(format!("{users} QP(s) still use SRQ {}", core.handle))
             } else {
@@ -283,7 +283,7 @@ impl SharedReceiveQueue {
 impl Drop for SharedReceiveQueue {
     fn drop(&mut self) {
         // QPs using it hold the core: it is released when the last goes.
-        if self.core.users() == 0 {
+        if self.core.users.count() == 0 {
             self.core.release();
         }
     }
@@ -293,7 +293,7 @@ impl fmt::Debug for SharedReceiveQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedReceiveQueue")
             .field("handle", &self.core.handle)
-            .field("users", &self.core.users())
+            .field("users", &self.core.users.count())
             .finish()
     }
 }
