@@ -100,25 +100,14 @@ impl<'a> QpBuilder<'a> {
         let ctx = &pd.ctx;
         let dev = &ctx.device;
         dev.check_alive(verb)?;
-        for cq in [self.send_cq, self.recv_cq] {
-            if !Arc::ptr_eq(&cq.core.ctx, ctx) {
+        let cqs = [self.send_cq, self.recv_cq].map(|cq| ("CQ", &cq.core.ctx, cq.handle()));
+        let srq = self.srq.map(|srq| ("SRQ", &srq.core.ctx, srq.handle()));
+        for (what, owner, handle) in cqs.into_iter().chain(srq) {
+            if !Arc::ptr_eq(owner, ctx) {
                 return Err(Error::invalid(
                     verb,
                     format!(
-                        "CQ {} belongs to another context than PD {}",
-                        cq.handle(),
-                        pd.handle
-                    ),
-                ));
-            }
-        }
-        if let Some(srq) = self.srq {
-            if !Arc::ptr_eq(&srq.core.ctx, ctx) {
-                return Err(Error::invalid(
-                    verb,
-                    format!(
-                        "SRQ {} belongs to another context than PD {}",
-                        srq.handle(),
+                        "{what} {handle} belongs to another context than PD {}",
                         pd.handle
                     ),
                 ));
