@@ -565,9 +565,7 @@ fn child_disassociate(allowed: bool) {
 /// A UD QP with Q_Key 0x5eed: attached to `group` and waiting for one
 /// datagram (`send` false), or sending one to it.
 fn child_multicast(group: &str, send: bool) {
-    use rverbs::{
-        AhAttr, Gid, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendWr, WorkCompletion, WrOpcode,
-    };
+    use rverbs::{AhAttr, Gid, QpType, RecvWr, SendWr, WorkCompletion, WrOpcode};
     const QKEY: u32 = 0x5eed;
     let dev = &devices().unwrap()[0];
     let ctx = dev.open().unwrap();
@@ -586,22 +584,7 @@ fn child_multicast(group: &str, send: bool) {
         .caps(caps)
         .build()
         .unwrap();
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey: QKEY,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-    )
-    .unwrap();
-    attr.qp_state = QpState::Rtr;
-    qp.modify(&attr, QpAttrMask::STATE).unwrap();
-    attr.qp_state = QpState::Rts;
-    qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
-        .unwrap();
+    common::ud_to_rts(&qp, QKEY);
     let mgid = Gid::from_ip(group.parse().unwrap());
     let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
     let mut wc = [WorkCompletion::default(); 1];

@@ -10,6 +10,8 @@ use rverbs::{
     WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
+mod common;
+
 const QKEY: u32 = 0x1111_2222;
 const GRH: usize = 40;
 
@@ -34,29 +36,8 @@ fn ud_qp(pd: &ProtectionDomain, cq: &CompletionQueue, qkey: u32) -> QueuePair {
         })
         .build()
         .unwrap();
-    bring_up(&qp, qkey);
+    common::ud_to_rts(&qp, qkey);
     qp
-}
-
-fn bring_up(qp: &QueuePair, qkey: u32) {
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qkey,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-    )
-    .unwrap();
-    attr.qp_state = QpState::Rtr;
-    qp.modify(&attr, QpAttrMask::STATE).unwrap();
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = 0x1234;
-    qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
-        .unwrap();
 }
 
 fn side(ctx: Context) -> Side {

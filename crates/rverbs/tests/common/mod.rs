@@ -1,6 +1,6 @@
 //! Shared by the tests that set up hosts of their own: finding system
 //! tools, checking for root, running setup commands, and network
-//! namespaces that clean up after themselves.
+//! namespaces that clean up after themselves; and bringing a UD QP up.
 #![allow(dead_code)] // each test binary uses part of it
 
 use std::path::{Path, PathBuf};
@@ -79,4 +79,28 @@ impl Drop for Namespaces {
     fn drop(&mut self) {
         self.delete();
     }
+}
+
+/// Brings a UD QP from RESET to RTS with Q_Key `qkey` (port 1, P_Key
+/// index 0, send PSN 0x1234).
+pub fn ud_to_rts(qp: &rverbs::QueuePair, qkey: u32) {
+    use rverbs::{QpAttr, QpAttrMask, QpState};
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .unwrap();
+    attr.qp_state = QpState::Rtr;
+    qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = 0x1234;
+    qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
 }
