@@ -173,15 +173,22 @@ impl Ipv4Header {
         h[9] = 17; // UDP
         h[12..16].copy_from_slice(&self.src.octets());
         h[16..20].copy_from_slice(&self.dst.octets());
-        let sum = h
-            .chunks(2)
-            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-            .sum::<u32>();
-        let folded = (sum & 0xffff) + (sum >> 16);
-        let folded = (folded & 0xffff) + (folded >> 16);
-        h[10..12].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+        let checksum = !ones_complement_sum(&h);
+        h[10..12].copy_from_slice(&checksum.to_be_bytes());
         h
     }
+}
+
+/// The 16-bit one's-complement sum of `bytes` (an even count), as the IPv4
+/// header checksum uses it: the checksum is the complement of the sum with
+/// the field zero, and a header whose sum is `0xffff` checks.
+pub fn ones_complement_sum(bytes: &[u8]) -> u16 {
+    let sum = bytes
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum::<u32>();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    ((folded & 0xffff) + (folded >> 16)) as u16
 }
 
 /// The fields of an IPv6 header as a sender controls them.

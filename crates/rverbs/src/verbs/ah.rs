@@ -227,13 +227,7 @@ fn ipv4_in_grh(grh: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr, u8)> {
     if h[0] != 0x45 {
         return None;
     }
-    let sum = h
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum::<u32>();
-    let folded = (sum & 0xffff) + (sum >> 16);
-    let folded = (folded & 0xffff) + (folded >> 16);
-    if folded != 0xffff {
+    if rverbs_wire::icrc::ones_complement_sum(h) != 0xffff {
         return None;
     }
     let s = Ipv4Addr::new(h[12], h[13], h[14], h[15]);
