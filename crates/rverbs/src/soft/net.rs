@@ -1238,7 +1238,6 @@ type IoVector<'a> = SmallVec<[IoSlice<'a>; 64]>;
 /// A batch closed in a flush pass, waiting for the pass's system call:
 /// its packets (laid out one after another from the transmit buffer's
 /// start; their payload references index the pass's whole list).
-#[derive(Clone)]
 struct PendingSend {
     batch: Batch,
     pkts: Range<usize>,
