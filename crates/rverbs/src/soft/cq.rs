@@ -38,6 +38,21 @@ impl EventCounts {
         self.reported.load(Ordering::Acquire).wrapping_sub(acked)
     }
 
+    /// Why a destroy of `object` must wait while some of these events
+    /// (`kind`: "async", "completion") are unacknowledged — until the
+    /// program drops the `handle`s it holds; `None` when none are.
+    pub(crate) fn unacked_reason(
+        &self,
+        kind: &str,
+        object: std::fmt::Arguments<'_>,
+        handle: &str,
+    ) -> Option<String> {
+        let n = self.unacked();
+        (n > 0).then(|| {
+            format!("{n} {kind} event(s) of {object} not acknowledged (drop the {handle})")
+        })
+    }
+
     /// (reported, acked).
     pub(crate) fn totals(&self) -> (u32, u32) {
         (

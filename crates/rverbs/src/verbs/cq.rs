@@ -170,27 +170,19 @@ impl CompletionQueue {
                 // Checked and released under the channel's lock: no reader
                 // hands out an event for this CQ in between.
                 let checked = core.release_if_idle(|| {
-                    if core.users.count() > 0 {
-                        Err(format!(
-                            "{} QP(s) use CQ {}",
-                            core.users.count(),
-                            core.handle
-                        ))
-                    } else if core.comp_events.unacked() > 0 {
-                        Err(format!(
-                            "{} completion event(s) of CQ {} not acknowledged (drop the CqEvent)",
-                            core.comp_events.unacked(),
-                            core.handle
-                        ))
-                    } else if core.async_events.unacked() > 0 {
-                        Err(format!(
-                            "{} async event(s) of CQ {} not acknowledged (drop the AsyncEvent)",
-                            core.async_events.unacked(),
-                            core.handle
-                        ))
-                    } else {
-                        Ok(())
+                    let users = core.users.count();
+                    if users > 0 {
+                        return Err(format!("{users} QP(s) use CQ {}", core.handle));
                     }
+                    let handle = core.handle;
+                    let why = core
+                        .comp_events
+                        .unacked_reason("completion", format_args!("CQ {handle}"), "CqEvent")
+                        .or_else(|| {
+                            let cq = format_args!("CQ {handle}");
+                            core.async_events.unacked_reason("async", cq, "AsyncEvent")
+                        });
+                    why.map_or(Ok(()), Err)
                 });
                 if let Err(why) = checked {
                     return Err(Rejected::new(Error::busy(verb, why), self));

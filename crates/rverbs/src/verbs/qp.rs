@@ -789,20 +789,14 @@ impl QueuePair {
         let core = &self.core;
         let checked = core.ctx.device.may_destroy(Verb::DestroyQp, || {
             let groups = core.ctx.device.engine.groups_of(core.qpn);
-            let unacked = core.async_events.unacked();
             if groups > 0 {
-                Some(format!(
+                return Some(format!(
                     "QP {:#x} is attached to {groups} multicast group(s): detach first",
                     core.qpn
-                ))
-            } else {
-                (unacked > 0).then(|| {
-                    format!(
-                        "{unacked} async event(s) of QP {:#x} not acknowledged (drop the AsyncEvent)",
-                        core.qpn
-                    )
-                })
+                ));
             }
+            let qp = format_args!("QP {:#x}", core.qpn);
+            core.async_events.unacked_reason("async", qp, "AsyncEvent")
         });
         if let Err(e) = checked {
             return Err(Rejected::new(e, self));

@@ -260,17 +260,12 @@ impl SharedReceiveQueue {
     pub fn destroy(self) -> Result<(), Rejected<SharedReceiveQueue>> {
         let core = &self.core;
         let checked = core.ctx.device.may_destroy(Verb::DestroySrq, || {
-            let (users, unacked) = (core.users.count(), core.async_events.unacked());
+            let users = core.users.count();
             if users > 0 {
-                Some(format!("{users} QP(s) still use SRQ {}", core.handle))
-            } else {
-                (unacked > 0).then(|| {
-                    format!(
-                        "{unacked} async event(s) of SRQ {} not acknowledged (drop the AsyncEvent)",
-                        core.handle
-                    )
-                })
+                return Some(format!("{users} QP(s) still use SRQ {}", core.handle));
             }
+            let srq = format_args!("SRQ {}", core.handle);
+            core.async_events.unacked_reason("async", srq, "AsyncEvent")
         });
         if let Err(e) = checked {
             return Err(Rejected::new(e, self));
