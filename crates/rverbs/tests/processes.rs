@@ -121,8 +121,10 @@ fn gso_off() {
             .split_whitespace()
             .map(|w| w.parse().unwrap())
             .collect();
-        // On a lossless loopback: nothing refused, corrupt or resent.
-        assert_eq!(f[2..], [0, 0, 0], "tx errors, ICRC errors, resent");
+        // Nothing refused or corrupt. Resends are allowed: on a loaded
+        // host a late ACK fires the retransmission timer, or the receive
+        // buffer overflows, and go-back-N is the right answer to either.
+        assert_eq!(f[2..4], [0, 0], "tx errors, ICRC errors ({} resent)", f[4]);
         (f[0], f[1])
     };
     let (sends, packets) = counts(Some("0"));
