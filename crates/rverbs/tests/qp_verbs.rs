@@ -14,11 +14,14 @@ use std::time::{Duration, Instant};
 
 use rverbs::cm::{ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, CompletionChannel,
-    CompletionQueue, Context, Device, DeviceConfig, Error, ErrorDetail, ErrorKind, MemoryRegion,
-    Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QueuePair, RecvWr, SendWr, Sge,
+    devices, AccessFlags, AsyncEventElement, AsyncEventType, CompletionChannel, CompletionQueue,
+    Context, Device, DeviceConfig, Error, ErrorDetail, ErrorKind, MemoryRegion, Mtu,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QueuePair, RecvWr, SendWr, Sge,
     TransitionError, Verb, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
+
+mod common;
+use common::{sge, wait_event};
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
@@ -152,34 +155,6 @@ fn pair_with_silent_peer(oa: Opts) -> (Side, Side) {
     (a, b)
 }
 
-fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
-    Sge {
-        addr: mr.iova() + offset,
-        length: len,
-        lkey: mr.lkey(),
-    }
-}
-
-/// Polls until `n` completions arrived; fails after 10 s.
-fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut got = Vec::new();
-    let mut buf = [WorkCompletion::default(); 16];
-    while got.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: only {} of {n} completions after 10 s: {got:?}",
-            got.len()
-        );
-        let k = cq.poll(&mut buf).unwrap();
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    got
-}
-
 /// Polls for `dur` and returns whatever completed meanwhile.
 fn drain_for(cq: &CompletionQueue, dur: Duration) -> Vec<WorkCompletion> {
     let end = Instant::now() + dur;
@@ -202,28 +177,6 @@ fn assert_quiet(cq: &CompletionQueue, what: &str) {
 
 fn ids_and_status(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
-}
-
-/// Waits up to 5 s for an async event of type `ty`; events of other types
-/// that come first fail the test (they are listed).
-fn wait_event(ctx: &Context, ty: AsyncEventType, what: &str) -> AsyncEvent {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut others = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ev = ctx.get_async_event_timeout(left).unwrap();
-        match ev {
-            Some(ev) if ev.event_type() == ty => {
-                assert!(
-                    others.is_empty(),
-                    "{what}: events before {ty:?}: {others:?}"
-                );
-                return ev;
-            }
-            Some(ev) => others.push(format!("{ev:?}")),
-            None => panic!("{what}: no {ty:?} async event within 5 s (others: {others:?})"),
-        }
-    }
 }
 
 fn assert_no_event(ctx: &Context, dur: Duration, what: &str) {
@@ -387,6 +340,11 @@ fn lone_qp(caps: QpCaps) -> (Context, ProtectionDomain, CompletionQueue, QueuePa
 }
 
 // ---- 1. create -----------------------------------------------------------
+
+/// Polls until `n` completions arrived; fails after 10 s.
+fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
+    common::wait_n(cq, n, Duration::from_secs(10), what)
+}
 
 #[test]
 fn create_rejects_caps_above_device_limits_with_einval() {

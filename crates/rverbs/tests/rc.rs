@@ -6,8 +6,11 @@ use std::time::{Duration, Instant};
 use rverbs::cm::{ConnectOptions, Endpoint};
 use rverbs::{
     devices, AccessFlags, CompletionQueue, Context, DeviceConfig, MemoryRegion, QpCaps, QueuePair,
-    RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
+
+mod common;
+use common::sge;
 
 struct Side {
     ctx: Context,
@@ -70,12 +73,9 @@ fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
     wait_long(cq, n, Duration::from_secs(10))
 }
 
-fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
-    Sge {
-        addr: mr.iova() + offset,
-        length: len,
-        lkey: mr.lkey(),
-    }
+/// Polls until `n` completions arrived (or `limit` passed).
+fn wait_long(cq: &CompletionQueue, n: usize, limit: Duration) -> Vec<WorkCompletion> {
+    common::wait_n(cq, n, limit, "completions")
 }
 
 #[test]
@@ -332,26 +332,6 @@ fn sixty_four_mib_write_and_read_byte_for_byte() {
     got.fill(0);
     a.mr.read_at(LEN, &mut got).unwrap();
     assert!(got == data, "the READ came back intact");
-}
-
-/// Polls until `n` completions arrived (or `limit` passed).
-fn wait_long(cq: &CompletionQueue, n: usize, limit: Duration) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + limit;
-    let mut got = Vec::new();
-    let mut buf = [WorkCompletion::default(); 16];
-    while got.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions: {got:?}",
-            got.len()
-        );
-        let k = cq.poll(&mut buf).unwrap();
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::yield_now();
-        }
-    }
-    got
 }
 
 #[test]

@@ -18,11 +18,14 @@ use std::time::{Duration, Instant};
 
 use rverbs::cm::{self, ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, CompletionQueue, Context,
-    Device, Error, ErrorDetail, ErrorKind, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask,
-    QpCaps, QpState, QpType, QueuePair, RecvWr, SendWr, Sge, SharedReceiveQueue, SrqAttr,
-    SrqAttrMask, Verb, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    devices, AccessFlags, AsyncEventElement, AsyncEventType, CompletionQueue, Context, Device,
+    Error, ErrorDetail, ErrorKind, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask, QpCaps,
+    QpState, QpType, QueuePair, RecvWr, SendWr, Sge, SharedReceiveQueue, SrqAttr, SrqAttrMask,
+    Verb, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
+
+mod common;
+use common::{sge, wait_event};
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
@@ -96,20 +99,13 @@ fn connect(a: &QueuePair, b: &QueuePair) {
     b.connect(eb.psn, &ea, &opts).unwrap();
 }
 
-/// Two connected UC sides; `b` on an SRQ if `srq` is given.
-fn uc_pair(srq: Option<SrqAttr>) -> (Side, Side, Option<SharedReceiveQueue>) {
-    let (a, _) = side(QpType::Uc, None);
-    let (b, srq) = side(QpType::Uc, srq);
+/// Two connected sides with QPs of type `ty`; `b` on an SRQ if `srq` is
+/// given.
+fn pair(ty: QpType, srq: Option<SrqAttr>) -> (Side, Side, Option<SharedReceiveQueue>) {
+    let (a, _) = side(ty, None);
+    let (b, srq) = side(ty, srq);
     connect(&a.qp, &b.qp);
     (a, b, srq)
-}
-
-fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
-    Sge {
-        addr: mr.iova() + offset,
-        length: len,
-        lkey: mr.lkey(),
-    }
 }
 
 /// `len` bytes that differ with `seed`.
@@ -125,26 +121,6 @@ fn read(mr: &MemoryRegion, offset: usize, len: usize) -> Vec<u8> {
     v
 }
 
-/// Polls until `n` completions arrived (10 s at most).
-fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut got = Vec::new();
-    let mut buf = [WorkCompletion::default(); 16];
-    while got.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: only {} of {n} completions after 10 s: {got:?}",
-            got.len()
-        );
-        let k = cq.poll(&mut buf[..(n - got.len()).min(16)]).unwrap();
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    got
-}
-
 /// Polls `cq` for `dur`: nothing may complete.
 fn assert_quiet(cq: &CompletionQueue, dur: Duration, what: &str) {
     let end = Instant::now() + dur;
@@ -153,18 +129,6 @@ fn assert_quiet(cq: &CompletionQueue, dur: Duration, what: &str) {
         let k = cq.poll(&mut buf).unwrap();
         assert_eq!(k, 0, "{what}: unexpected completions {:?}", &buf[..k]);
         std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Waits up to 5 s for an async event of type `ty`; events of other types
-/// that come first fail the test.
-fn wait_event(ctx: &Context, ty: AsyncEventType, what: &str) -> AsyncEvent {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let left = deadline.saturating_duration_since(Instant::now());
-    match ctx.get_async_event_timeout(left).unwrap() {
-        Some(ev) if ev.event_type() == ty => ev,
-        Some(ev) => panic!("{what}: {ev:?} came instead of {ty:?}"),
-        None => panic!("{what}: no {ty:?} async event within 5 s"),
     }
 }
 
@@ -232,6 +196,11 @@ impl WithSge for SrqAttr {
 }
 
 // ---- SRQ verbs -------------------------------------------------------------
+
+/// Polls until `n` completions arrived (10 s at most).
+fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
+    common::wait_n(cq, n, Duration::from_secs(10), what)
+}
 
 #[test]
 fn create_srq_refuses_sizes_beyond_the_device_and_a_limit_beyond_max_wr() {
@@ -714,7 +683,7 @@ fn four_rc_qps_share_one_srq() {
 
 #[test]
 fn uc_send_write_and_immediates_arrive() {
-    let (a, b, _) = uc_pair(None);
+    let (a, b, _) = pair(QpType::Uc, None);
     assert_eq!((a.qp.qp_type(), b.qp.qp_type()), (QpType::Uc, QpType::Uc));
     assert_eq!(a.qp.query().unwrap().qp_state, QpState::Rts);
     assert_eq!(b.qp.query().unwrap().qp_state, QpState::Rts);
@@ -813,7 +782,7 @@ fn uc_send_write_and_immediates_arrive() {
 
 #[test]
 fn uc_refuses_reads_and_atomics_at_post() {
-    let (a, b, _) = uc_pair(None);
+    let (a, b, _) = pair(QpType::Uc, None);
     let rkey = b.mr.rkey();
     let addr = b.mr.iova();
     let local = [sge(&a.mr, 0, 8)];
@@ -879,7 +848,7 @@ fn uc_refuses_reads_and_atomics_at_post() {
 
 #[test]
 fn a_uc_send_without_a_receive_wr_is_dropped_silently() {
-    let (a, b, _) = uc_pair(None);
+    let (a, b, _) = pair(QpType::Uc, None);
     a.qp.post_send(&SendWr::inline(1, WrOpcode::SendWithImm { imm: 1 }, b"lost").signaled())
         .unwrap();
     let sent = wait(&a.cq, 1, "the SEND nobody takes");
@@ -931,11 +900,14 @@ fn a_uc_send_without_a_receive_wr_is_dropped_silently() {
 
 #[test]
 fn uc_qps_take_receive_wrs_from_an_srq() {
-    let (a, b, srq) = uc_pair(Some(SrqAttr {
-        max_wr: 16,
-        max_sge: 1,
-        srq_limit: 0,
-    }));
+    let (a, b, srq) = pair(
+        QpType::Uc,
+        Some(SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        }),
+    );
     let srq = srq.unwrap();
     assert_bad_wr(
         b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 64)])),
@@ -1048,8 +1020,7 @@ fn uc_qps_connect_with_cm_connect() {
 
 #[test]
 fn an_rc_qp_on_an_empty_srq_gets_its_message_once_a_wr_is_posted() {
-    let (a, _) = side(QpType::Rc, None);
-    let (b, srq) = side(
+    let (a, b, srq) = pair(
         QpType::Rc,
         Some(SrqAttr {
             max_wr: 4,
@@ -1058,7 +1029,6 @@ fn an_rc_qp_on_an_empty_srq_gets_its_message_once_a_wr_is_posted() {
         }),
     );
     let srq = srq.unwrap();
-    connect(&a.qp, &b.qp);
     a.qp.post_send(&SendWr::inline(1, WrOpcode::SendWithImm { imm: 3 }, b"waiting").signaled())
         .unwrap();
     // RNR NAKs meanwhile (min_rnr_timer 12: 0.64 ms; rnr_retry 7: for ever).
@@ -1082,8 +1052,7 @@ fn an_rc_qp_on_an_empty_srq_gets_its_message_once_a_wr_is_posted() {
 
 #[test]
 fn an_srq_dropped_while_a_qp_uses_it_lives_until_the_qp_goes() {
-    let (a, _) = side(QpType::Rc, None);
-    let (b, srq) = side(
+    let (a, b, srq) = pair(
         QpType::Rc,
         Some(SrqAttr {
             max_wr: 4,
@@ -1092,7 +1061,6 @@ fn an_srq_dropped_while_a_qp_uses_it_lives_until_the_qp_goes() {
         }),
     );
     let srq = srq.unwrap();
-    connect(&a.qp, &b.qp);
     srq.post_recv(&RecvWr::new(5, &[sge(&b.mr, 0, 64)]))
         .unwrap();
     drop(srq);

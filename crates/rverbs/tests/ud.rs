@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use rverbs::{
     devices, AccessFlags, AddressHandle, AhAttr, CompletionQueue, Context, ErrorKind, MemoryRegion,
-    ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QpType, QueuePair, RecvWr, SendWr, Sge,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QpType, QueuePair, RecvWr, SendWr,
     WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 mod common;
+use common::sge;
 
 const QKEY: u32 = 0x1111_2222;
 const GRH: usize = 40;
@@ -59,14 +60,6 @@ fn pair() -> (Side, Side) {
     (side(dev.open().unwrap()), side(dev.open().unwrap()))
 }
 
-fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
-    Sge {
-        addr: mr.iova() + offset,
-        length: len,
-        lkey: mr.lkey(),
-    }
-}
-
 fn ah_to(from: &Side, to: &Side) -> AddressHandle {
     from.pd
         .create_ah(&AhAttr {
@@ -74,21 +67,6 @@ fn ah_to(from: &Side, to: &Side) -> AddressHandle {
             ..AhAttr::default()
         })
         .unwrap()
-}
-
-fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut got = Vec::new();
-    let mut buf = [WorkCompletion::default(); 16];
-    while got.len() < n {
-        assert!(Instant::now() < deadline, "only {got:?} of {n} completions");
-        let k = cq.poll(&mut buf).unwrap();
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::yield_now();
-        }
-    }
-    got
 }
 
 /// Polls for `d` and returns what arrived (nothing, when a drop is expected).
@@ -102,6 +80,11 @@ fn quiet(cq: &CompletionQueue, d: Duration) -> Vec<WorkCompletion> {
         std::thread::sleep(Duration::from_millis(1));
     }
     got
+}
+
+/// Polls until `n` completions arrived (10 s at most).
+fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
+    common::wait_n(cq, n, Duration::from_secs(10), "completions")
 }
 
 #[test]

@@ -1,10 +1,16 @@
-//! Shared by the tests that set up hosts of their own: finding system
-//! tools, checking for root, running setup commands, and network
-//! namespaces that clean up after themselves; and bringing a UD QP up.
+//! Shared by the test binaries: finding system tools, checking for root,
+//! running setup commands, and network namespaces that clean up after
+//! themselves; bringing a UD QP up; SGEs, and waiting for completions and
+//! async events.
 #![allow(dead_code)] // each test binary uses part of it
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rverbs::{
+    AsyncEvent, AsyncEventType, CompletionQueue, Context, MemoryRegion, Sge, WorkCompletion,
+};
 
 /// `name` on PATH or in the usual sbin/bin directories.
 pub fn find_tool(name: &str) -> Option<PathBuf> {
@@ -103,4 +109,55 @@ pub fn ud_to_rts(qp: &rverbs::QueuePair, qkey: u32) {
     attr.sq_psn = 0x1234;
     qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
         .unwrap();
+}
+
+/// An SGE over `len` bytes of `mr`, `offset` bytes in.
+pub fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
+    Sge {
+        addr: mr.iova() + offset,
+        length: len,
+        lkey: mr.lkey(),
+    }
+}
+
+/// Polls `cq` until `n` completions arrived, taking no more than `n` (the
+/// rest stay for the next wait); fails, naming `what`, after `limit`.
+pub fn wait_n(cq: &CompletionQueue, n: usize, limit: Duration, what: &str) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::default(); 16];
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: only {} of {n} completions after {limit:?}: {got:?}",
+            got.len()
+        );
+        let k = cq.poll(&mut buf[..(n - got.len()).min(16)]).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+/// Waits up to 5 s for an async event of type `ty`; events of other types
+/// that come first fail the test (they are listed).
+pub fn wait_event(ctx: &Context, ty: AsyncEventType, what: &str) -> AsyncEvent {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut others = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ctx.get_async_event_timeout(left).unwrap() {
+            Some(ev) if ev.event_type() == ty => {
+                assert!(
+                    others.is_empty(),
+                    "{what}: events before {ty:?}: {others:?}"
+                );
+                return ev;
+            }
+            Some(ev) => others.push(format!("{ev:?}")),
+            None => panic!("{what}: no {ty:?} async event within 5 s (others: {others:?})"),
+        }
+    }
 }
