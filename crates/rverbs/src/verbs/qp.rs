@@ -642,17 +642,23 @@ impl QueuePair {
                 ))
             }
         }
-        let wqe = SendWqe {
+        let wqe = self.send_wqe(wr, data, length as u32);
+        let pkts = rc.packets_of(&wqe.op, wqe.length);
+        Ok((Prepared::Rc(wqe), pkts))
+    }
+
+    /// The WQE of checked send WR `wr` carrying `data` (`length` bytes):
+    /// signaled if the WR asks or the QP signals all.
+    fn send_wqe(&self, wr: &SendWr<'_>, data: WqeData, length: u32) -> SendWqe {
+        SendWqe {
             wr_id: wr.wr_id,
             op: wr.opcode,
             data,
-            length: length as u32,
-            signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+            length,
+            signaled: self.core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
             solicited: wr.flags.contains(SendFlags::SOLICITED),
             fence: wr.flags.contains(SendFlags::FENCE),
-        };
-        let pkts = rc.packets_of(&wqe.op, wqe.length);
-        Ok((Prepared::Rc(wqe), pkts))
+        }
     }
 
     /// Checks a UD send — SEND or SEND with immediate, to the QP its
@@ -691,14 +697,10 @@ impl QueuePair {
             ));
         }
         let wqe = UdSendWqe {
+            // No fence on UD: nothing it sends reads or writes remotely.
             wqe: SendWqe {
-                wr_id: wr.wr_id,
-                op: wr.opcode,
-                data,
-                length: length as u32,
-                signaled: core.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
-                solicited: wr.flags.contains(SendFlags::SOLICITED),
                 fence: false,
+                ..self.send_wqe(wr, data, length as u32)
             },
             dest: UdDest {
                 ip: to.ah.core.attr.dgid.to_ip(),
