@@ -1458,6 +1458,10 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
             continue;
         };
         slot.dirty = false;
+        // Still more to send after FLUSH_BUDGET packets: a later pass goes
+        // on, so one QP's burst (a READ a peer asked for in one piece)
+        // never holds the device for long.
+        let mut out_of_budget = false;
         if let (Some(rc), Some(peer)) = (slot.rc.as_mut(), slot.peer) {
             let mut out = Sender {
                 socket: socket.as_ref(),
@@ -1477,11 +1481,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
             let mut budget = FLUSH_BUDGET;
             loop {
                 if budget == 0 {
-                    // More to send: a later pass goes on, so one QP's
-                    // burst (a READ a peer asked for in one piece) never
-                    // holds the device for long.
-                    slot.dirty = true;
-                    unfinished.push(qpn);
+                    out_of_budget = true;
                     break;
                 }
                 budget -= 1;
@@ -1550,8 +1550,7 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
             let mut budget = FLUSH_BUDGET;
             loop {
                 if budget == 0 {
-                    slot.dirty = true;
-                    unfinished.push(qpn);
+                    out_of_budget = true;
                     break;
                 }
                 budget -= 1;
@@ -1580,6 +1579,10 @@ fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy) {
                 };
                 out.send_all(mem, &mut tx[..n], &[send], &one, &[]);
             }
+        }
+        if out_of_budget {
+            slot.dirty = true;
+            unfinished.push(qpn);
         }
         deliver_events(slot);
         if !slot.ack_listed && slot.rc.as_ref().is_some_and(RcQp::holds_ack) {
