@@ -14,17 +14,7 @@
  * on other libibverbs would. */
 typedef int (*disassociate_fn)(struct ibv_device *device);
 
-static int failures;
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			failures++;                                        \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__,      \
-				__LINE__, #cond);                          \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fprintf(stderr, "\n");                             \
-		}                                                          \
-	} while (0)
+#include "check.h"
 
 int main(int argc, char **argv)
 {

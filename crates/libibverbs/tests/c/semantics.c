@@ -12,17 +12,7 @@
 #include <string.h>
 #include <infiniband/verbs.h>
 
-static int failures;
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			failures++;                                        \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__,      \
-				__LINE__, #cond);                          \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fprintf(stderr, "\n");                             \
-		}                                                          \
-	} while (0)
+#include "check.h"
 
 /* Two RC QPs on one context, connected to each other. */
 static int connect_qp(struct ibv_qp *qp, uint32_t remote_qpn,

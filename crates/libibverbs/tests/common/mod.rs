@@ -108,6 +108,8 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> Option<PathBuf> {
     }
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
+    // The CHECK macro the C tests share, found beside the source.
+    std::fs::write(dir.join("check.h"), include_str!("../c/check.h")).unwrap();
     let exe = dir.join(name);
     let out = std::process::Command::new("cc")
         .arg("-O0")
