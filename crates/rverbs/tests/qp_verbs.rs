@@ -21,7 +21,7 @@ use rverbs::{
 };
 
 mod common;
-use common::{sge, wait_event};
+use common::{sge, wait, wait_event};
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
@@ -340,11 +340,6 @@ fn lone_qp(caps: QpCaps) -> (Context, ProtectionDomain, CompletionQueue, QueuePa
 }
 
 // ---- 1. create -----------------------------------------------------------
-
-/// Polls until `n` completions arrived; fails after 10 s.
-fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
-    common::wait_n(cq, n, Duration::from_secs(10), what)
-}
 
 #[test]
 fn create_rejects_caps_above_device_limits_with_einval() {

@@ -25,7 +25,7 @@ use rverbs::{
 };
 
 mod common;
-use common::{sge, wait_event};
+use common::{sge, wait, wait_event};
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
@@ -196,11 +196,6 @@ impl WithSge for SrqAttr {
 }
 
 // ---- SRQ verbs -------------------------------------------------------------
-
-/// Polls until `n` completions arrived (10 s at most).
-fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
-    common::wait_n(cq, n, Duration::from_secs(10), what)
-}
 
 #[test]
 fn create_srq_refuses_sizes_beyond_the_device_and_a_limit_beyond_max_wr() {

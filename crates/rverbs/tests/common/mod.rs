@@ -120,6 +120,11 @@ pub fn sge(mr: &MemoryRegion, offset: u64, len: u32) -> Sge {
     }
 }
 
+/// [`wait_n`] with 10 s.
+pub fn wait(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
+    wait_n(cq, n, Duration::from_secs(10), what)
+}
+
 /// Polls `cq` until `n` completions arrived, taking no more than `n` (the
 /// rest stay for the next wait); fails, naming `what`, after `limit`.
 pub fn wait_n(cq: &CompletionQueue, n: usize, limit: Duration, what: &str) -> Vec<WorkCompletion> {
