@@ -142,6 +142,125 @@ pub fn check(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<(u32,
     Ok((computed, u32::from_le_bytes([t[0], t[1], t[2], t[3]])))
 }
 
+/// Finds the IPv4 identification a received packet was sent with, from its
+/// ICRC, for a receiver that sees only the UDP payload.
+///
+/// The ICRC covers the IPv4 ID, which a UDP socket never reports, and senders
+/// differ: Linux writes 0 on a DF packet of an unconnected socket (and
+/// numbers a GSO send's segments 0, 1, 2 …), the kernel's Soft-RoCE and RoCE
+/// NICs count. CRC-32 is linear over GF(2): with everything else fixed,
+/// `icrc(id) = icrc(a) ^ L(id ^ a)` for any ID `a`, where `L` maps the 16
+/// bits of the difference to 32 bits and depends only on how many bytes
+/// follow the ID. `L(d)` is `d(x) · x^(32 + 8·after) mod P`; `x` has order
+/// `2^32 - 1` modulo the CRC-32 polynomial, so it can be undone by
+/// multiplying with `x` to the power left over. So from the ICRC computed for
+/// the assumed ID and the one on the wire, one multiplication gives the only
+/// difference that could make the packet valid; it is an ID if it fits in 16
+/// bits, and if it does not, no ID makes the packet valid (it is corrupt).
+///
+/// What this costs the check: a packet whose ID is solved for is accepted
+/// when its ICRC is right for *some* ID, so a random corruption passes with
+/// odds 2^-16 instead of 2^-32. Receivers try the IDs they expect first and
+/// count solved packets apart.
+///
+/// The multiplier per packet length is cached (the lengths a flow uses are
+/// few: MTU-sized packets, ACKs, a tail).
+#[derive(Debug, Clone)]
+pub struct Ipv4IdSolver {
+    /// Direct-mapped by `after % len`: (bytes after the ID, multiplier).
+    cache: [(u32, u32); SOLVER_CACHE],
+}
+
+const SOLVER_CACHE: usize = 32;
+
+/// The CRC-32 (IEEE) polynomial, bit-reversed as the CRC runs.
+const CRC32_POLY_REFLECTED: u32 = 0xedb8_8320;
+/// The multiplicative order of `x` modulo the CRC-32 polynomial (it is
+/// primitive); checked by a test.
+const X_ORDER: u64 = (1 << 32) - 1;
+
+impl Default for Ipv4IdSolver {
+    fn default() -> Self {
+        Self {
+            cache: [(u32::MAX, 0); SOLVER_CACHE],
+        }
+    }
+}
+
+impl Ipv4IdSolver {
+    /// A solver with an empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The IPv4 ID that makes a packet's ICRC `on_wire`, given the ICRC
+    /// `computed` for the same packet under the ID `assumed`, an IPv4 header
+    /// of `ip_header_len` bytes, and `roce_len` bytes of BTH through pad
+    /// (the ICRC not counted); `None` when no ID does.
+    pub fn solve(
+        &mut self,
+        computed: u32,
+        on_wire: u32,
+        assumed: u16,
+        ip_header_len: usize,
+        roce_len: usize,
+    ) -> Option<u16> {
+        // Bytes of the pseudo-packet after the ID field: the rest of the IP
+        // header, the UDP header, the RoCE packet.
+        let after = ip_header_len.checked_sub(6)? + UDP_HEADER_LEN + roce_len;
+        let after = u32::try_from(after).ok()?;
+        let slot = after as usize % SOLVER_CACHE;
+        let undo = match self.cache[slot] {
+            (a, m) if a == after => m,
+            _ => {
+                let shift = (32 + 8 * u64::from(after)) % X_ORDER;
+                let m = x_pow((X_ORDER - shift) % X_ORDER);
+                self.cache[slot] = (after, m);
+                m
+            }
+        };
+        let d = gf2_mul(computed ^ on_wire, undo);
+        // The difference as a 16-bit message polynomial: the ID's first
+        // byte (high) in bits 16..24, its second in bits 24..32.
+        if d & 0xffff != 0 {
+            return None;
+        }
+        let diff = (((d >> 16) & 0xff) << 8 | (d >> 24)) as u16;
+        Some(assumed ^ diff)
+    }
+}
+
+/// `a · b` modulo the CRC-32 polynomial, both bit-reversed (`x^0` is bit
+/// 31) as the CRC keeps its register.
+fn gf2_mul(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    for i in 0..32 {
+        if a & (0x8000_0000 >> i) != 0 {
+            product ^= b;
+        }
+        // b · x
+        b = if b & 1 != 0 {
+            (b >> 1) ^ CRC32_POLY_REFLECTED
+        } else {
+            b >> 1
+        };
+    }
+    product
+}
+
+/// `x^n` modulo the CRC-32 polynomial, bit-reversed.
+fn x_pow(mut n: u64) -> u32 {
+    let (mut result, mut square) = (0x8000_0000, 0x4000_0000); // x^0, x^1
+    while n > 0 {
+        if n & 1 != 0 {
+            result = gf2_mul(result, square);
+        }
+        square = gf2_mul(square, square);
+        n >>= 1;
+    }
+    result
+}
+
 /// The fields of an IPv4 header as a sender controls them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv4Header {
@@ -375,6 +494,130 @@ mod tests {
             ..h
         };
         assert_ne!(compute(&h3.to_bytes(24), &udp, &roce).unwrap(), a);
+    }
+
+    #[test]
+    fn x_is_primitive_modulo_the_crc_polynomial() {
+        // x^(2^32 - 1) = 1, and no proper divisor of the order gives 1.
+        assert_eq!(x_pow(X_ORDER), 0x8000_0000);
+        for p in [3, 5, 17, 257, 65537] {
+            assert_ne!(
+                x_pow(X_ORDER / p),
+                0x8000_0000,
+                "order divides (2^32-1)/{p}"
+            );
+        }
+    }
+
+    /// A pseudo-random RoCE body of `len` bytes (a BTH first).
+    fn body(len: usize, seed: u32) -> Vec<u8> {
+        let mut b: Vec<u8> = (0..len as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+            .collect();
+        b[0] = 0x04; // SEND only
+        b
+    }
+
+    fn ipv4(id: u16, roce_len: usize) -> ([u8; 20], [u8; 8]) {
+        let udp_len = (UDP_HEADER_LEN + roce_len + ICRC_LEN) as u16;
+        let h = Ipv4Header {
+            src: Ipv4Addr::new(198, 18, 0, 1),
+            dst: Ipv4Addr::new(198, 18, 0, 2),
+            id,
+            dont_fragment: true,
+            tos: 0,
+            ttl: 64,
+        };
+        (
+            h.to_bytes(udp_len),
+            udp_header(49_152, ROCE_V2_PORT, udp_len),
+        )
+    }
+
+    #[test]
+    fn the_solver_finds_the_id_a_packet_was_sent_with() {
+        let mut solver = Ipv4IdSolver::new();
+        for (n, len) in [12usize, 13, 28, 40, 300, 1036, 4108, 9000]
+            .iter()
+            .enumerate()
+        {
+            let roce = body(*len, n as u32);
+            for sent in [0u16, 1, 2, 63, 0x718c, 0xa8bf, 0xffff] {
+                let (ip, udp) = ipv4(sent, roce.len());
+                let on_wire = compute(&ip, &udp, &roce).unwrap();
+                for assumed in [0u16, 5, sent, 0x8000] {
+                    let (ip, udp) = ipv4(assumed, roce.len());
+                    let computed = compute(&ip, &udp, &roce).unwrap();
+                    let got = solver.solve(computed, on_wire, assumed, 20, roce.len());
+                    assert_eq!(got, Some(sent), "len {len}, sent {sent}, assumed {assumed}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_solver_finds_the_id_of_scapys_vector() {
+        let (mut ip, udp, roce) = scapy_vector();
+        let body = &roce[..roce.len() - ICRC_LEN];
+        let (_, on_wire) = check(&ip, &udp, &roce).unwrap();
+        ip[4..6].fill(0);
+        let computed = compute(&ip, &udp, body).unwrap();
+        let got = Ipv4IdSolver::new().solve(computed, on_wire, 0, 20, body.len());
+        assert_eq!(got, Some(0x0478));
+    }
+
+    #[test]
+    fn a_packet_right_for_no_id_is_refused() {
+        // A wrong ICRC is taken for a different ID with odds 2^-16: the
+        // solver refuses nearly all of them.
+        let mut solver = Ipv4IdSolver::new();
+        let roce = body(1036, 7);
+        let (ip, udp) = ipv4(0, roce.len());
+        let computed = compute(&ip, &udp, &roce).unwrap();
+        let mut false_ids = 0;
+        for k in 0..20_000u32 {
+            let on_wire = computed ^ k.wrapping_mul(2_654_435_761).max(1);
+            if solver.solve(computed, on_wire, 0, 20, roce.len()).is_some() {
+                false_ids += 1;
+            }
+        }
+        // 20,000 random wrong ICRCs at odds 2^-16: 0.3 expected.
+        assert!(false_ids <= 3, "{false_ids} wrong ICRCs solved to an ID");
+        // A flipped payload bit is no ID change.
+        for bit in [0usize, 100, 8 * 1023 + 7] {
+            let mut bad = roce.clone();
+            bad[12 + bit / 8] ^= 1 << (bit % 8);
+            let (ip, udp) = ipv4(0, roce.len());
+            let wrong = compute(&ip, &udp, &bad).unwrap();
+            assert_eq!(
+                solver.solve(wrong, computed, 0, 20, roce.len()),
+                None,
+                "bit {bit}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_solver_counts_ip_options_and_ipv4_headers_only() {
+        // A 24-byte IPv4 header (one option word): the ID sits as far from
+        // the end as the packet and options say.
+        let roce = body(60, 3);
+        let udp_len = (UDP_HEADER_LEN + roce.len() + ICRC_LEN) as u16;
+        let mut ip = [0u8; 24];
+        ip[..20].copy_from_slice(&ipv4(0x1234, roce.len()).0);
+        ip[0] = 0x46;
+        ip[20..].copy_from_slice(&[1, 1, 1, 0]); // NOP NOP NOP EOL
+        let udp = udp_header(1, ROCE_V2_PORT, udp_len);
+        let on_wire = compute(&ip, &udp, &roce).unwrap();
+        ip[4..6].copy_from_slice(&[0, 0]);
+        let computed = compute(&ip, &udp, &roce).unwrap();
+        let mut solver = Ipv4IdSolver::new();
+        assert_eq!(
+            solver.solve(computed, on_wire, 0, 24, roce.len()),
+            Some(0x1234)
+        );
+        // Too short to hold an ID: no answer, no panic.
+        assert_eq!(solver.solve(computed, on_wire, 0, 4, roce.len()), None);
     }
 
     #[test]

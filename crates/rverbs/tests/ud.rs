@@ -487,3 +487,94 @@ fn sqd_holds_new_sends_until_rts_and_reports_drained_at_once() {
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
     assert_eq!(wait(&b.cq, 1)[0].byte_len as usize, GRH + 4);
 }
+
+/// Datagrams from a sender that numbers its IPv4 IDs, as kernel Soft-RoCE
+/// and RoCE NICs do (a receiving socket never sees the ID, yet the ICRC
+/// covers it): scapy builds them, ICRC included, and a raw socket sends them
+/// with counting IDs. Each is delivered and counted as solved; a
+/// corrupt one is right for no ID and dropped. Needs root and scapy (fails
+/// instead of skipping when `CI` is set).
+#[test]
+fn datagrams_with_counting_ip_ids_are_received_and_corrupt_ones_dropped() {
+    let root = common::is_root();
+    if !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the tests as root"
+        );
+        eprintln!("skipping: a raw socket needs root");
+        return;
+    }
+    let scapy = std::process::Command::new(common::PYTHON)
+        .args(["-c", "import scapy.contrib.roce"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !scapy {
+        assert!(std::env::var_os("CI").is_none(), "python3-scapy is missing");
+        eprintln!("skipping: python3-scapy is missing");
+        return;
+    }
+    let dev = rverbs::add_device(rverbs::DeviceConfig::loopback().named("counting-ids")).unwrap();
+    let s = side(dev.open().unwrap());
+    for i in 0..8u64 {
+        s.qp.post_recv(&RecvWr::new(i, &[sge(&s.mr, i * 256, 256)]))
+            .unwrap();
+    }
+    let IpAddr::V4(addr) = s.qp.local_gid().to_ip() else {
+        panic!("the loopback device is IPv4")
+    };
+    let before = dev.net_stats();
+    // Five good datagrams with IDs 0xfffe, 0xffff, 0, 1, 2 (wrapping, as a
+    // counter does), then a sixth whose payload was changed after its
+    // ICRC was computed.
+    let script = r#"
+import socket, struct, sys
+from scapy.all import IP, UDP, Raw, raw
+from scapy.contrib.roce import BTH
+addr, qpn, qkey = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for k in range(6):
+    pkt = IP(src=addr, dst=addr, id=(0xfffe + k) & 0xffff, flags="DF") / \
+        UDP(sport=49152, dport=4791, chksum=0) / \
+        BTH(opcode=0x64, dqpn=qpn, psn=k) / Raw(struct.pack(">II", qkey, 0x4242) + b"id-%d" % k)
+    if k == 5:
+        b = bytearray(raw(pkt))
+        b[-6] ^= 0x01
+        pkt = IP(bytes(b))
+    out.sendto(raw(pkt), (addr, 0))
+"#;
+    let out = std::process::Command::new(common::PYTHON)
+        .args(["-c", script, &addr.to_string()])
+        .arg(s.qp.qp_num().to_string())
+        .arg(QKEY.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = quiet(&s.cq, Duration::from_secs(2));
+    assert_eq!(got.len(), 5, "{got:?}\n{:?}", dev.net_stats());
+    for (k, wc) in got.iter().enumerate() {
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        assert_eq!(wc.src_qp, 0x4242);
+        assert_eq!(wc.byte_len as usize, GRH + 4);
+        let mut payload = [0u8; 4];
+        s.mr.read_at(wc.wr_id as usize * 256 + GRH, &mut payload)
+            .unwrap();
+        assert_eq!(&payload, format!("id-{k}").as_bytes());
+    }
+    assert!(
+        quiet(&s.cq, Duration::from_millis(300)).is_empty(),
+        "the corrupt datagram was delivered"
+    );
+    let after = dev.net_stats();
+    // ID 0 is what an rverbs peer writes: checked at once, not solved.
+    assert_eq!(
+        after.rx_ip_id_solved - before.rx_ip_id_solved,
+        4,
+        "{after:?}"
+    );
+    assert_eq!(after.rx_icrc_errors - before.rx_icrc_errors, 1, "{after:?}");
+}

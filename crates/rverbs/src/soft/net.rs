@@ -36,7 +36,7 @@ use nix::sys::socket::{
     recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags, SockaddrStorage,
 };
 use nix::sys::time::TimeSpec;
-use rverbs_wire::icrc::{self, ROCE_V2_PORT};
+use rverbs_wire::icrc::{self, Ipv4IdSolver, ROCE_V2_PORT};
 use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
 use smallvec::SmallVec;
@@ -95,9 +95,14 @@ pub struct NetStats {
     pub rx_packets: u64,
     /// Receive calls that returned data (single packets or GRO batches).
     pub rx_recvs: u64,
-    /// Received packets whose ICRC did not match (corrupt, or from a sender
-    /// whose IPv4 ID is not 0), dropped.
+    /// Received packets whose ICRC matched for no IPv4 ID (corrupt), or
+    /// did not match (IPv6), dropped.
     pub rx_icrc_errors: u64,
+    /// Received IPv4 packets accepted with an ID found by solving the ICRC
+    /// for it (`Ipv4IdSolver`): not the 0 or GSO numbering an rverbs peer
+    /// writes, but the counting IDs of kernel Soft-RoCE, a NIC, or any
+    /// other sender. The check of these is 16 bits weaker.
+    pub rx_ip_id_solved: u64,
     /// Received packets that are not valid RoCEv2, dropped.
     pub rx_malformed: u64,
     /// Received packets for a QP that does not exist or is connected to
@@ -219,6 +224,8 @@ struct State {
     /// QPs that held an ACK back in a flush (they may hold it still).
     held_acks: Vec<u32>,
     stats: NetStats,
+    /// Finds the IPv4 ID of packets from senders that number theirs.
+    id_solver: Ipv4IdSolver,
     rx: Vec<u8>,
     /// A second receive buffer, for while `rx_left` holds the first.
     rx_spare: Vec<u8>,
@@ -311,6 +318,7 @@ impl Engine {
                 timers: BTreeSet::new(),
                 held_acks: Vec::new(),
                 stats: NetStats::default(),
+                id_solver: Ipv4IdSolver::new(),
                 rx: vec![0u8; RX_BUFFER],
                 rx_spare: Vec::new(),
                 rx_left: None,
@@ -981,10 +989,15 @@ fn receive_multicast(st: &mut State, mem: &MrTable) {
             st.stats.rx_recvs += 1;
             st.stats.rx_packets += 1;
             let pkt = &buf[..n];
-            let (ip, ip_len, udp) = headers(peer, peer_endpoint(group), n, 0);
-            if !matches!(icrc::check(&ip[..ip_len], &udp, pkt), Ok((c, w)) if c == w) {
-                st.stats.rx_icrc_errors += 1;
-                continue;
+            let to = peer_endpoint(group);
+            let mut ids = SegmentIds::default();
+            match ids.accept(0, 1, icrc_for(peer, to, pkt), &mut st.id_solver) {
+                None => {
+                    st.stats.rx_icrc_errors += 1;
+                    continue;
+                }
+                Some(IdSource::Solved) => st.stats.rx_ip_id_solved += 1,
+                Some(IdSource::Expected) => {}
             }
             let Ok(p) = PacketRepr::parse(pkt) else {
                 st.stats.rx_malformed += 1;
@@ -1072,13 +1085,13 @@ fn handle_datagram(
     pkt: &[u8],
 ) -> bool {
     st.stats.rx_packets += 1;
-    let icrc_ok = |id: u16| {
-        let (ip, ip_len, udp) = headers(peer, local, pkt.len(), id);
-        matches!(icrc::check(&ip[..ip_len], &udp, pkt), Ok((c, w)) if c == w)
-    };
-    if !ids.accept(k, count, icrc_ok) {
-        st.stats.rx_icrc_errors += 1;
-        return false;
+    match ids.accept(k, count, icrc_for(peer, local, pkt), &mut st.id_solver) {
+        None => {
+            st.stats.rx_icrc_errors += 1;
+            return false;
+        }
+        Some(IdSource::Solved) => st.stats.rx_ip_id_solved += 1,
+        Some(IdSource::Expected) => {}
     }
     let Ok(p) = PacketRepr::parse(pkt) else {
         st.stats.rx_malformed += 1;
@@ -1107,42 +1120,84 @@ fn handle_datagram(
     completed
 }
 
+/// The ICRC check of a packet from `from` to `to`, as a function of the
+/// IPv4 ID it is assumed to carry: `(computed, on the wire)`, `None` for a
+/// packet too short to have an ICRC. The IPv4 header's length too, for
+/// [`Ipv4IdSolver`] (`None` for IPv6: no ID).
+fn icrc_for(from: SocketAddr, to: SocketAddr, pkt: &[u8]) -> impl Fn(u16) -> IcrcCheck + '_ {
+    move |id| {
+        let (ip, ip_len, udp) = headers(from, to, pkt.len(), id);
+        IcrcCheck {
+            result: icrc::check(&ip[..ip_len], &udp, pkt).ok(),
+            ipv4_header_len: (from.is_ipv4() && to.is_ipv4()).then_some(ip_len),
+            roce_len: pkt.len().saturating_sub(ICRC_LEN),
+        }
+    }
+}
+
+/// What [`icrc_for`] gives for one assumed ID.
+struct IcrcCheck {
+    result: Option<(u32, u32)>,
+    ipv4_header_len: Option<usize>,
+    roce_len: usize,
+}
+
+/// How a packet's IPv4 ID was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdSource {
+    /// The ID an rverbs sender gives (0, or its place in a GSO send).
+    Expected,
+    /// Solved for from the ICRC (another kind of sender).
+    Solved,
+}
+
 /// The IPv4 IDs of a received datagram's segments. A GSO send's segments
 /// carry 0, 1, 2, … and GRO keeps them in order; but a receiver's GRO may
 /// also join several sends, whose IDs each restart at 0, and may start a
-/// batch inside a send (where a NIC's poll ended). Segment k is checked
-/// with its ID counted from where the current send started, then with 0 (a
-/// new send); the first segment of a batch of several, failing both, with
-/// each ID a GSO send's segment can have.
+/// batch inside a send (where a NIC's poll ended). Other senders (kernel
+/// Soft-RoCE, NICs) count their own way. Segment k is checked with the ID
+/// the run it belongs to gives it; when that fails, the ICRC is solved for
+/// the ID (`Ipv4IdSolver`: no guessing, one multiplication), which places
+/// a new run: 0 starts a send, 1–63 on a batch's first segment is a batch
+/// that began inside one, any other ID (or IPv6, which has none to solve)
+/// is a foreign sender whose next segments are expected to count on.
 #[derive(Debug, Default)]
 struct SegmentIds {
-    /// Where the current send's ID 0 is, in segments (negative when the
-    /// batch began inside a send).
-    start: isize,
+    /// The segment whose ID would be 0 in the current run (IDs wrap).
+    start: u16,
+    /// The current run's IDs were solved for.
+    solved: bool,
 }
 
 impl SegmentIds {
-    /// Whether segment `k` of a batch of `count`'s ICRC is right
-    /// (`icrc_ok`) for an ID it may carry; the match places the send.
-    fn accept(&mut self, k: usize, count: usize, icrc_ok: impl Fn(u16) -> bool) -> bool {
-        let k = k as isize;
-        let id = (k - self.start) as u16;
-        if icrc_ok(id) {
-            return true;
-        }
-        if id > 0 && icrc_ok(0) {
-            self.start = k;
-            return true;
-        }
-        if k == 0 && count > 1 {
-            // Costly (a CRC per guess), and only for a batch's first
-            // segment: a packet right for none of them is dropped.
-            if let Some(j) = (1..MAX_BATCH_SEGMENTS as u16).find(|&j| icrc_ok(j)) {
-                self.start = -(j as isize);
-                return true;
+    /// Whether segment `k` of a batch of `count`'s ICRC (`check` gives it
+    /// for an assumed ID) is right for an ID it may carry, and how that ID
+    /// was found; `None`: for no ID, the packet is corrupt.
+    fn accept(
+        &mut self,
+        k: usize,
+        count: usize,
+        check: impl Fn(u16) -> IcrcCheck,
+        solver: &mut Ipv4IdSolver,
+    ) -> Option<IdSource> {
+        let k = k as u16;
+        let assumed = k.wrapping_sub(self.start);
+        let c = check(assumed);
+        let (computed, on_wire) = c.result?;
+        let source = |solved| {
+            if solved {
+                IdSource::Solved
+            } else {
+                IdSource::Expected
             }
+        };
+        if computed == on_wire {
+            return Some(source(self.solved));
         }
-        false
+        let id = solver.solve(computed, on_wire, assumed, c.ipv4_header_len?, c.roce_len)?;
+        self.start = k.wrapping_sub(id);
+        self.solved = !(id == 0 || (k == 0 && count > 1 && usize::from(id) < MAX_BATCH_SEGMENTS));
+        Some(source(self.solved))
     }
 }
 
@@ -1740,30 +1795,62 @@ mod tests {
         (gso, stats, got)
     }
 
-    /// Which segments of a GRO batch whose packets really carry the IPv4
-    /// IDs `wire` pass the check (as if each ICRC were right for its ID).
-    fn accepted(wire: &[u16]) -> Vec<bool> {
+    /// How each segment of a GRO batch whose packets really carry the
+    /// IPv4 IDs `wire` is taken (`None`: dropped): real packets, each with
+    /// its ICRC for its ID, corrupt where `wire` says `None`.
+    fn accepted(wire: &[Option<u16>]) -> Vec<Option<IdSource>> {
+        let (from, to): (SocketAddr, SocketAddr) = (
+            "198.18.0.1:49152".parse().unwrap(),
+            "198.18.0.2:4791".parse().unwrap(),
+        );
         let mut ids = SegmentIds::default();
-        (0..wire.len())
-            .map(|k| ids.accept(k, wire.len(), |id| id == wire[k]))
+        let mut solver = Ipv4IdSolver::new();
+        wire.iter()
+            .enumerate()
+            .map(|(k, id)| {
+                let mut pkt: Vec<u8> = (0..64u32).map(|i| (i * 13 + k as u32) as u8).collect();
+                let (ip, ip_len, udp) = headers(from, to, pkt.len(), id.unwrap_or(0));
+                icrc::fill(&ip[..ip_len], &udp, &mut pkt).unwrap();
+                if id.is_none() {
+                    pkt[20] ^= 0x10;
+                }
+                ids.accept(k, wire.len(), icrc_for(from, to, &pkt), &mut solver)
+            })
             .collect()
     }
 
     #[test]
     fn gro_joining_gso_sends_keeps_every_segment() {
+        use IdSource::Expected as E;
+        let ok = |ids: &[u16]| ids.iter().map(|&i| Some(i)).collect::<Vec<_>>();
         // A send of 3, then one of 4: the IDs restart at 0.
-        assert_eq!(accepted(&[0, 1, 2, 0, 1, 2, 3]), [true; 7]);
+        assert_eq!(accepted(&ok(&[0, 1, 2, 0, 1, 2, 3])), [Some(E); 7]);
         // Three one-packet sends.
-        assert_eq!(accepted(&[0, 0, 0]), [true; 3]);
+        assert_eq!(accepted(&ok(&[0, 0, 0])), [Some(E); 3]);
         // A batch that starts inside a send, then the next send.
-        assert_eq!(accepted(&[4, 5, 6, 0, 1]), [true; 5]);
-        // A segment right for no ID it may carry is dropped; the count
-        // goes on.
-        assert_eq!(accepted(&[0, 1, 5, 3]), [true, true, false, true]);
-        // Past the IDs a GSO send can give, or a lone datagram (one
-        // packet: ID 0) that is not 0: dropped.
-        assert_eq!(accepted(&[70, 71]), [false, false]);
-        assert_eq!(accepted(&[3]), [false]);
+        assert_eq!(accepted(&ok(&[4, 5, 6, 0, 1])), [Some(E); 5]);
+        // A corrupt segment is dropped; the count goes on.
+        assert_eq!(
+            accepted(&[Some(0), Some(1), None, Some(3)]),
+            [Some(E), Some(E), None, Some(E)]
+        );
+    }
+
+    #[test]
+    fn counting_ids_of_other_senders_are_solved_for() {
+        use IdSource::Solved as S;
+        let ok = |ids: &[u16]| ids.iter().map(|&i| Some(i)).collect::<Vec<_>>();
+        // A lone datagram from kernel Soft-RoCE or a NIC (ID 0x718c).
+        assert_eq!(accepted(&ok(&[0x718c])), [Some(S)]);
+        // Past the IDs a GSO send can give: a counting sender, whose run
+        // the next segments follow.
+        assert_eq!(accepted(&ok(&[70, 71, 72])), [Some(S); 3]);
+        // It wraps, and its run goes on through 0.
+        assert_eq!(accepted(&ok(&[0xffff, 0, 1])), [Some(S); 3]);
+        // A lone datagram's ID 3 is no GSO place (one packet: ID 0).
+        assert_eq!(accepted(&ok(&[3])), [Some(S)]);
+        // Corrupt: right for no ID.
+        assert_eq!(accepted(&[None, Some(0x1234), None]), [None, Some(S), None]);
     }
 
     #[test]

@@ -12,6 +12,9 @@ use rverbs::{
     AsyncEvent, AsyncEventType, CompletionQueue, Context, MemoryRegion, Sge, WorkCompletion,
 };
 
+/// Debian's Python, which has python3-scapy (not a pyenv or venv one).
+pub const PYTHON: &str = "/usr/bin/python3";
+
 /// `name` on PATH or in the usual sbin/bin directories.
 pub fn find_tool(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
