@@ -492,7 +492,8 @@ fn sqd_holds_new_sends_until_rts_and_reports_drained_at_once() {
 /// and RoCE NICs do (a receiving socket never sees the ID, yet the ICRC
 /// covers it): scapy builds them, ICRC included, and a raw socket sends them
 /// with counting IDs. Each is delivered and counted as solved; a
-/// corrupt one is right for no ID and dropped. Needs root and scapy (fails
+/// corrupt one is right for no ID and dropped, and so are one of another
+/// partition and one for no QP, each counted by its reason. Needs root and scapy (fails
 /// instead of skipping when `CI` is set).
 #[test]
 fn datagrams_with_counting_ip_ids_are_received_and_corrupt_ones_dropped() {
@@ -526,17 +527,23 @@ fn datagrams_with_counting_ip_ids_are_received_and_corrupt_ones_dropped() {
     let before = dev.net_stats();
     // Five good datagrams with IDs 0xfffe, 0xffff, 0, 1, 2 (wrapping, as a
     // counter does), then a sixth whose payload was changed after its
-    // ICRC was computed.
+    // ICRC was computed, one of another partition (P_Key), and one for a
+    // QP that does not exist: each dropped and counted by its reason.
     let script = r#"
 import socket, struct, sys
 from scapy.all import IP, UDP, Raw, raw
 from scapy.contrib.roce import BTH
 addr, qpn, qkey = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 out = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-for k in range(6):
+for k in range(8):
+    bth = BTH(opcode=0x64, dqpn=qpn, psn=k)
+    if k == 6:
+        bth.pkey = 0x1234
+    if k == 7:
+        bth.dqpn = qpn ^ 0x800000
     pkt = IP(src=addr, dst=addr, id=(0xfffe + k) & 0xffff, flags="DF") / \
         UDP(sport=49152, dport=4791, chksum=0) / \
-        BTH(opcode=0x64, dqpn=qpn, psn=k) / Raw(struct.pack(">II", qkey, 0x4242) + b"id-%d" % k)
+        bth / Raw(struct.pack(">II", qkey, 0x4242) + b"id-%d" % k)
     if k == 5:
         b = bytearray(raw(pkt))
         b[-6] ^= 0x01
@@ -570,11 +577,14 @@ for k in range(6):
         "the corrupt datagram was delivered"
     );
     let after = dev.net_stats();
-    // ID 0 is what an rverbs peer writes: checked at once, not solved.
+    // Every intact one but ID 0 (what an rverbs peer writes, checked at
+    // once) had its ID solved for, the two dropped after that too.
     assert_eq!(
         after.rx_ip_id_solved - before.rx_ip_id_solved,
-        4,
+        6,
         "{after:?}"
     );
     assert_eq!(after.rx_icrc_errors - before.rx_icrc_errors, 1, "{after:?}");
+    assert_eq!(after.rx_bad_pkey - before.rx_bad_pkey, 1, "{after:?}");
+    assert_eq!(after.rx_unknown_qp - before.rx_unknown_qp, 1, "{after:?}");
 }

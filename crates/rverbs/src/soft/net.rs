@@ -50,7 +50,7 @@ use crate::soft::qp::QpCore;
 use crate::soft::sys;
 use crate::soft::transport::rc::{AckPolicy, RcCounters, RcQp};
 use crate::soft::transport::ud::{UdCounters, UdQp, MULTICAST_QPN};
-use crate::soft::transport::{headers, PayloadRef, QpEvent, TxBuffer};
+use crate::soft::transport::{headers, PayloadRef, QpEvent, RxDrop, TxBuffer};
 use crate::wr::QpState;
 
 /// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
@@ -105,9 +105,20 @@ pub struct NetStats {
     pub rx_ip_id_solved: u64,
     /// Received packets that are not valid RoCEv2, dropped.
     pub rx_malformed: u64,
-    /// Received packets for a QP that does not exist or is connected to
-    /// another peer, dropped.
+    /// Received packets for a QP that does not exist, dropped.
     pub rx_unknown_qp: u64,
+    /// Received packets for an RC or UC QP from an address other than its
+    /// peer's, dropped.
+    pub rx_wrong_peer: u64,
+    /// Received packets of another transport than their QP's (an RC opcode
+    /// for a UD QP, say), dropped.
+    pub rx_wrong_transport: u64,
+    /// Received packets for a QP in RESET, INIT or ERROR, dropped.
+    pub rx_qp_not_receiving: u64,
+    /// Received packets whose P_Key does not match their QP's, dropped.
+    pub rx_bad_pkey: u64,
+    /// Received UD packets longer than the path MTU, dropped.
+    pub rx_too_long: u64,
     /// Request packets sent again (go-back-N after a loss or timeout), all
     /// QPs, past and present.
     pub retransmitted: u64,
@@ -125,6 +136,13 @@ pub struct NetStats {
     pub duplicates: u64,
     /// Congestion window cuts.
     pub window_cuts: u64,
+    /// Requests refused with a NAK that ends the QP (invalid request: a bad
+    /// opcode sequence, length or alignment; remote access; remote
+    /// operational error).
+    pub fatal_naks_sent: u64,
+    /// UC packets dropped (the rest of a message after a gap, or a message
+    /// refused: no receive WR, bad rkey, too long).
+    pub uc_dropped: u64,
     /// UD packets dropped for a Q_Key that did not match the QP's.
     pub qkey_violations: u64,
     /// UD packets dropped because their QP had no receive WR posted.
@@ -142,6 +160,8 @@ impl NetStats {
             rnr_naks_sent,
             duplicates,
             window_cuts,
+            fatal_naks_sent,
+            uc_dropped,
         } = *c;
         self.retransmitted += retransmitted;
         self.timeouts += timeouts;
@@ -151,6 +171,19 @@ impl NetStats {
         self.rnr_naks_sent += rnr_naks_sent;
         self.duplicates += duplicates;
         self.window_cuts += window_cuts;
+        self.fatal_naks_sent += fatal_naks_sent;
+        self.uc_dropped += uc_dropped;
+    }
+
+    /// Counts a packet a QP's transport dropped unread.
+    fn count_drop(&mut self, reason: RxDrop) {
+        let counter = match reason {
+            RxDrop::WrongTransport => &mut self.rx_wrong_transport,
+            RxDrop::NotReceiving => &mut self.rx_qp_not_receiving,
+            RxDrop::PKey => &mut self.rx_bad_pkey,
+            RxDrop::TooLong => &mut self.rx_too_long,
+        };
+        *counter += 1;
     }
 
     fn add_ud(&mut self, c: &UdCounters) {
@@ -1010,7 +1043,9 @@ fn receive_multicast(st: &mut State, mem: &MrTable) {
             let qpns = st.groups[i].qpns.clone();
             for qpn in qpns {
                 if let Some(ud) = st.qps.get_mut(&qpn).and_then(|s| s.ud.as_mut()) {
-                    ud.handle_packet(&p, mem, peer.ip(), group);
+                    if let Err(reason) = ud.handle_packet(&p, mem, peer.ip(), group) {
+                        st.stats.count_drop(reason);
+                    }
                     mark_dirty(st, qpn);
                 }
             }
@@ -1104,17 +1139,21 @@ fn handle_datagram(
     };
     // Only the connected peer may talk to an RC QP.
     if slot.peer.is_some_and(|a| a.ip() != peer.ip()) {
-        st.stats.rx_unknown_qp += 1;
+        st.stats.rx_wrong_peer += 1;
         return false;
     }
     let mut completed = false;
+    let mut handled = Err(RxDrop::NotReceiving); // RESET: no transport yet
     if let Some(rc) = slot.rc.as_mut() {
-        rc.handle_packet(&p, now, mem);
+        handled = rc.handle_packet(&p, now, mem);
         completed = rc.has_events();
     }
     if let Some(ud) = slot.ud.as_mut() {
-        ud.handle_packet(&p, mem, peer.ip(), local.ip());
+        handled = ud.handle_packet(&p, mem, peer.ip(), local.ip());
         completed = ud.has_events();
+    }
+    if let Err(reason) = handled {
+        st.stats.count_drop(reason);
     }
     mark_dirty(st, qpn);
     completed

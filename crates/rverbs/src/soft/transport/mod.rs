@@ -286,6 +286,28 @@ pub(crate) fn recv_flush_wc(wqe: &RecvWqe, qpn: u32, src_qp: u32) -> WorkComplet
     }
 }
 
+/// Why a QP's transport dropped a packet addressed to it, before any of
+/// the transport's own rules (sequence, keys, Q_Keys …) looked at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RxDrop {
+    /// An opcode of another transport (an RC packet for a UD QP, say).
+    WrongTransport,
+    /// The QP does not receive in its state (RESET, INIT, ERROR).
+    NotReceiving,
+    /// The BTH's P_Key does not match the QP's.
+    PKey,
+    /// A UD packet longer than the path MTU.
+    TooLong,
+}
+
+/// Whether a packet's P_Key `theirs` may reach a QP whose P_Key is `ours`
+/// (IBTA 10.9.3): the same partition (low 15 bits, neither the invalid
+/// 0), and at least one of the two a full member (high bit).
+pub(crate) fn pkey_matches(theirs: u16, ours: u16) -> bool {
+    let partition = |k: u16| k & 0x7fff;
+    partition(theirs) != 0 && partition(theirs) == partition(ours) && (theirs | ours) & 0x8000 != 0
+}
+
 /// What a QP reports to the engine.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum QpEvent {
@@ -368,5 +390,21 @@ pub(crate) fn qp_allows(access: AccessFlags, kind: AccessKind) -> bool {
         AccessKind::RemoteWrite => access.contains(AccessFlags::REMOTE_WRITE),
         AccessKind::RemoteAtomic => access.contains(AccessFlags::REMOTE_ATOMIC),
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pkey_matches;
+
+    #[test]
+    fn p_keys_match_by_partition_with_a_full_member() {
+        assert!(pkey_matches(0xffff, 0xffff));
+        assert!(pkey_matches(0x7fff, 0xffff), "limited to full");
+        assert!(pkey_matches(0xffff, 0x7fff), "full to limited");
+        assert!(!pkey_matches(0x7fff, 0x7fff), "two limited members");
+        assert!(!pkey_matches(0x1234, 0xffff), "another partition");
+        assert!(!pkey_matches(0x8000, 0x8000), "the invalid P_Key");
+        assert!(!pkey_matches(0x0000, 0xffff));
     }
 }

@@ -19,7 +19,8 @@ use rverbs_wire::{
 
 use super::recv::{RecvQueue, SharedRq};
 use super::{
-    gather, recv_flush_wc, refer, Memory, PayloadRef, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData,
+    gather, pkey_matches, recv_flush_wc, refer, Memory, PayloadRef, QpEvent, RecvWqe, RxDrop,
+    SendWqe, TxBuffer, WqeData,
 };
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
@@ -370,6 +371,13 @@ pub(crate) struct RcCounters {
     pub(crate) duplicates: u64,
     /// Times the congestion window was cut.
     pub(crate) window_cuts: u64,
+    /// Requests refused with a NAK that ends the QP: invalid request (a bad
+    /// opcode sequence, length or alignment), remote access or remote
+    /// operational error.
+    pub(crate) fatal_naks_sent: u64,
+    /// UC packets dropped: the rest of a message after a gap, or a message
+    /// refused (no receive WR, bad rkey, too long).
+    pub(crate) uc_dropped: u64,
 }
 
 impl RcCounters {
@@ -383,6 +391,8 @@ impl RcCounters {
         self.rnr_naks_sent += other.rnr_naks_sent;
         self.duplicates += other.duplicates;
         self.window_cuts += other.window_cuts;
+        self.fatal_naks_sent += other.fatal_naks_sent;
+        self.uc_dropped += other.uc_dropped;
     }
 }
 
@@ -1139,15 +1149,25 @@ impl RcQp {
 
     // ---- receive ----------------------------------------------------------
 
-    /// Handles a packet for this QP (already ICRC-checked and parsed).
-    pub(crate) fn handle_packet(&mut self, pkt: &PacketRepr<'_>, now: Instant, mem: &dyn Memory) {
-        let Some(info) = pkt.info() else { return };
+    /// Handles a packet for this QP (already ICRC-checked and parsed); why
+    /// it was dropped unread, if it was.
+    pub(crate) fn handle_packet(
+        &mut self,
+        pkt: &PacketRepr<'_>,
+        now: Instant,
+        mem: &dyn Memory,
+    ) -> Result<(), RxDrop> {
+        let Some(info) = pkt.info() else {
+            return Err(RxDrop::WrongTransport);
+        };
         if info.transport != self.cfg.transport || pkt.bth.dest_qp != self.cfg.qpn {
-            return;
+            return Err(RxDrop::WrongTransport);
         }
-        match self.state {
-            QpState::Reset | QpState::Init | QpState::Err => return,
-            _ => {}
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Err) {
+            return Err(RxDrop::NotReceiving);
+        }
+        if !pkey_matches(pkt.bth.pkey, self.cfg.pkey) {
+            return Err(RxDrop::PKey);
         }
         if self.state == QpState::Rtr && !self.heard_from_peer {
             self.events
@@ -1167,6 +1187,7 @@ impl RcQp {
             }
             Operation::Cnp => {}
         }
+        Ok(())
     }
 
     // ---- timers -----------------------------------------------------------

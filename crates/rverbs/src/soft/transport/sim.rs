@@ -273,7 +273,9 @@ impl Sim {
         };
         self.delivered += 1;
         let side = &mut self.sides[pkt.to];
-        side.qp.handle_packet(&p, self.now, &side.mem);
+        // A QP that went to ERR drops what still arrives; the contract
+        // checks see to the rest.
+        let _ = side.qp.handle_packet(&p, self.now, &side.mem);
     }
 
     fn drain_events(&mut self) {
@@ -1289,7 +1291,7 @@ fn a_qp_in_err_sends_no_queued_read_responses() {
     let request = buf[..n].to_vec();
     let p = PacketRepr::parse(&request).unwrap();
     let side = &mut sim.sides[1];
-    side.qp.handle_packet(&p, sim.now, &side.mem);
+    side.qp.handle_packet(&p, sim.now, &side.mem).unwrap();
     side.qp.enter_error(); // modify_qp → ERR
     let mut sent = 0;
     while side
@@ -1407,7 +1409,7 @@ impl Sim {
     fn hand_over(&mut self, to: usize, pkt: &[u8]) {
         let p = PacketRepr::parse(pkt).expect("a packet the QP built parses");
         let side = &mut self.sides[to];
-        side.qp.handle_packet(&p, self.now, &side.mem);
+        let _ = side.qp.handle_packet(&p, self.now, &side.mem); // ERR drops it
         self.drain_events();
     }
 }

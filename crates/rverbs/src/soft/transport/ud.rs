@@ -19,7 +19,9 @@ use std::net::{IpAddr, SocketAddr};
 use rverbs_wire::{BthRepr, DethRepr, ImmDtRepr, Opcode, PacketRepr, Psn, Transport};
 
 use super::recv::{RecvQueue, SharedRq};
-use super::{gather, scatter, Memory, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
+use super::{
+    gather, pkey_matches, scatter, Memory, QpEvent, RecvWqe, RxDrop, SendWqe, TxBuffer, WqeData,
+};
 use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, WrOpcode};
 
@@ -304,28 +306,38 @@ impl UdQp {
         mem: &dyn Memory,
         src: IpAddr,
         dst: IpAddr,
-    ) {
-        let Some(info) = pkt.info() else { return };
+    ) -> Result<(), RxDrop> {
+        let Some(info) = pkt.info() else {
+            return Err(RxDrop::WrongTransport);
+        };
+        if info.transport != Transport::Ud {
+            return Err(RxDrop::WrongTransport);
+        }
         let receiving = matches!(
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         );
-        if info.transport != Transport::Ud || !receiving {
-            return;
+        if !receiving {
+            return Err(RxDrop::NotReceiving);
         }
-        let Some(deth) = pkt.deth else { return };
+        if !pkey_matches(pkt.bth.pkey, self.cfg.pkey) {
+            return Err(RxDrop::PKey);
+        }
+        let Some(deth) = pkt.deth else {
+            return Err(RxDrop::WrongTransport);
+        };
         // One packet per message, at most the MTU: anything longer is not
         // from a conforming sender.
         if pkt.payload.len() > self.cfg.mtu as usize {
-            return;
+            return Err(RxDrop::TooLong);
         }
         if deth.qkey != self.cfg.qkey {
             self.counters.qkey_violations += 1;
-            return;
+            return Ok(());
         }
         let Some(wqe) = self.rq.pop(&mut self.events) else {
             self.counters.no_recv_wr += 1;
-            return;
+            return Ok(());
         };
         let len = GRH_LEN + pkt.payload.len();
         let mut wc = WorkCompletion {
@@ -338,7 +350,7 @@ impl UdQp {
         if (len as u64) > wqe.length {
             wc.status = WcStatus::LocLenErr;
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
-            return;
+            return Ok(());
         }
         let grh = grh_bytes(src, dst, pkt.buffer_len());
         let pd = wqe.pd;
@@ -347,7 +359,7 @@ impl UdQp {
         if placed.is_err() {
             wc.status = WcStatus::LocProtErr;
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
-            return;
+            return Ok(());
         }
         wc.byte_len = len as u32;
         wc.wc_flags = WcFlags::GRH;
@@ -357,6 +369,7 @@ impl UdQp {
         }
         self.events
             .push_back(QpEvent::RecvCompletion(wc, pkt.bth.solicited));
+        Ok(())
     }
 }
 

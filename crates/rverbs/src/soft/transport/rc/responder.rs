@@ -63,6 +63,7 @@ impl RcQp {
             self.uc_dropping = false;
         }
         if self.uc_dropping {
+            self.counters.uc_dropped += 1;
             return;
         }
         if let Err(refusal) = self.execute(pkt, pos, mem) {
@@ -420,8 +421,10 @@ impl RcQp {
     /// Refuses the request at `psn`: NAK, async event, and the QP goes to ERR.
     pub(super) fn refuse(&mut self, psn: Psn, refusal: Refusal) {
         if self.cfg.transport == Transport::Uc {
+            self.counters.uc_dropped += 1;
             return self.uc_drop_message();
         }
+        self.counters.fatal_naks_sent += 1;
         let (code, event) = match refusal {
             Refusal::InvalidRequest => (NakCode::InvalidRequest, Some(AsyncEventType::QpReqErr)),
             Refusal::Access => (
