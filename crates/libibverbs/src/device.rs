@@ -860,9 +860,25 @@ fn report_context_leaks(ctx: &rverbs::Context, when: &str) {
     }
 }
 
+/// At process exit: with `RVERBS_COUNTERS` set (and not "0"), every
+/// device's non-zero counters on stderr — what a failed run needs to
+/// explain itself (drops by reason, retransmissions, NAKs); then the leak
+/// report.
+pub(crate) extern "C" fn report_at_exit() {
+    let counters = std::env::var_os("RVERBS_COUNTERS").is_some_and(|v| v != "0" && !v.is_empty());
+    if counters {
+        guard((), || {
+            for line in rverbs::soft::counters::summary().lines() {
+                eprintln!("rverbs: counters of {line}");
+            }
+        });
+    }
+    report_leaks_at_exit();
+}
+
 /// At process exit (with `RVERBS_LEAK_CHECK`): contexts never closed, and
 /// what is still alive of every context.
-pub(crate) extern "C" fn report_leaks_at_exit() {
+fn report_leaks_at_exit() {
     if !leak_check() {
         return;
     }

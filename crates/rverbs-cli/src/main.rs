@@ -1,6 +1,7 @@
 //! `rverbs`: the command-line face of rverbs — list and inspect the software
 //! RoCE devices, measure them against TCP and UDP (`bench`), ping-pong over
-//! RC, UC, UD and SRQs (`pingpong`), decode captures, and run unmodified C
+//! RC, UC, UD and SRQs (`pingpong`), decode captures, show running
+//! programs' device counters (`counters`), and run unmodified C
 //! verbs programs on the drop-in libibverbs (`run`).
 
 use std::io::Write;
@@ -31,6 +32,9 @@ enum Command {
     /// Ping-pong SENDs between a server and a client over RC, UC or UD QPs,
     /// optionally on an SRQ (like ibv_rc/uc/ud/srq_pingpong).
     Pingpong(cmd::pingpong::PingpongArgs),
+    /// Show the device counters (packets, drops by reason, retransmissions,
+    /// NAKs) of running programs.
+    Counters(cmd::counters::CountersArgs),
     /// Run an unmodified C verbs program (ibv_rc_pingpong, ib_write_bw …)
     /// on rverbs: `rverbs run -- PROGRAM ARGS…`.
     Run(cmd::run::RunArgs),
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::bench(&args, &mut out).map(|_| ()),
         Command::Pingpong(args) => cmd::pingpong::pingpong(&args, &mut out).map(|_| ()),
         Command::Run(args) => cmd::run::run(&args, &mut out),
+        Command::Counters(args) => cmd::counters::counters(&args, &mut out),
         Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
             let _ = out.flush();
             eprintln!(

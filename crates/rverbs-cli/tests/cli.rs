@@ -154,3 +154,57 @@ fn bad_configuration_is_a_clear_error_not_a_panic() {
     assert!(err.contains("port is always 4791"), "{err}");
     assert!(!err.contains("panicked"));
 }
+
+/// `rverbs counters` asks a running program for its device's counters: a
+/// ping-pong server waiting for its client shows them, by pid, in text and
+/// JSON; once it is gone, asking for its pid is an error.
+#[test]
+fn counters_of_a_running_program() {
+    let server_addr = addr(31);
+    let mut server = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+        .args(["pingpong", "--transport", "ud", "-p", "0", "-n", "1000000"])
+        .env("RVERBS_ADDR", &server_addr)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = server.id().to_string();
+    let ask = |args: &[&str]| {
+        let mut all = vec!["counters", "--pid", &pid];
+        all.extend_from_slice(args);
+        rverbs(&all, None)
+    };
+    // The server opens its device before it listens: wait for it.
+    let mut text = String::new();
+    for _ in 0..100 {
+        let (ok, out, _) = ask(&["--all"]);
+        if ok {
+            text = out;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (ok, json, err) = ask(&["--json", "--all"]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        text.starts_with(&format!("pid {pid} device rverbs0 ({server_addr})")),
+        "{text}"
+    );
+    for counter in [
+        "rx_packets",
+        "rx_icrc_errors",
+        "rx_ip_id_solved",
+        "rx_bad_pkey",
+    ] {
+        assert!(text.contains(counter), "{counter} missing:\n{text}");
+    }
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v[0]["device"], "rverbs0");
+    assert_eq!(v[0]["pid"].as_u64().unwrap().to_string(), pid);
+    assert_eq!(v[0]["counters"]["rx_icrc_errors"], 0);
+    // The server is gone: nothing to ask.
+    let (ok, _, err) = ask(&[]);
+    assert!(!ok && err.contains("no rverbs device"), "{err}");
+}

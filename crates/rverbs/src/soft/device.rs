@@ -561,6 +561,11 @@ pub(crate) fn list() -> Result<Vec<Arc<SoftDevice>>, Error> {
     Ok(reg.devices.clone())
 }
 
+/// The devices this process has made so far (none made here).
+pub(crate) fn created() -> Vec<Arc<SoftDevice>> {
+    registry().devices.clone()
+}
+
 /// Adds a device at run time (tests, tools). Its name must be new.
 pub(crate) fn add(config: DeviceConfig) -> Result<Arc<SoftDevice>, Error> {
     let mut reg = registry();

@@ -11,6 +11,7 @@
 pub(crate) mod channel;
 pub mod config;
 pub(crate) mod context;
+pub mod counters;
 pub(crate) mod cq;
 pub mod device;
 pub(crate) mod keymap;

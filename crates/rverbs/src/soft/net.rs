@@ -150,6 +150,67 @@ pub struct NetStats {
 }
 
 impl NetStats {
+    /// Every counter with its field name, in declaration order (what
+    /// `rverbs counters` prints).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let NetStats {
+            tx_packets,
+            tx_errors,
+            tx_sends,
+            rx_packets,
+            rx_recvs,
+            rx_icrc_errors,
+            rx_ip_id_solved,
+            rx_malformed,
+            rx_unknown_qp,
+            rx_wrong_peer,
+            rx_wrong_transport,
+            rx_qp_not_receiving,
+            rx_bad_pkey,
+            rx_too_long,
+            retransmitted,
+            timeouts,
+            seq_naks_received,
+            rnr_naks_received,
+            seq_naks_sent,
+            rnr_naks_sent,
+            duplicates,
+            window_cuts,
+            fatal_naks_sent,
+            uc_dropped,
+            qkey_violations,
+            ud_no_recv_wr,
+        } = *self;
+        vec![
+            ("tx_packets", tx_packets),
+            ("tx_errors", tx_errors),
+            ("tx_sends", tx_sends),
+            ("rx_packets", rx_packets),
+            ("rx_recvs", rx_recvs),
+            ("rx_icrc_errors", rx_icrc_errors),
+            ("rx_ip_id_solved", rx_ip_id_solved),
+            ("rx_malformed", rx_malformed),
+            ("rx_unknown_qp", rx_unknown_qp),
+            ("rx_wrong_peer", rx_wrong_peer),
+            ("rx_wrong_transport", rx_wrong_transport),
+            ("rx_qp_not_receiving", rx_qp_not_receiving),
+            ("rx_bad_pkey", rx_bad_pkey),
+            ("rx_too_long", rx_too_long),
+            ("retransmitted", retransmitted),
+            ("timeouts", timeouts),
+            ("seq_naks_received", seq_naks_received),
+            ("rnr_naks_received", rnr_naks_received),
+            ("seq_naks_sent", seq_naks_sent),
+            ("rnr_naks_sent", rnr_naks_sent),
+            ("duplicates", duplicates),
+            ("window_cuts", window_cuts),
+            ("fatal_naks_sent", fatal_naks_sent),
+            ("uc_dropped", uc_dropped),
+            ("qkey_violations", qkey_violations),
+            ("ud_no_recv_wr", ud_no_recv_wr),
+        ]
+    }
+
     fn add(&mut self, c: &RcCounters) {
         let RcCounters {
             retransmitted,
@@ -635,6 +696,7 @@ impl Engine {
         if self.thread_started.swap(true, Ordering::AcqRel) {
             return;
         }
+        crate::soft::counters::publish(dev);
         let dev = dev.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("rverbs-{}", dev.name))

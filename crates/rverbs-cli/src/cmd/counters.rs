@@ -1,0 +1,74 @@
+//! `rverbs counters`: the device counters of running programs — packets,
+//! drops by reason, retransmissions, NAKs — asked of each program's
+//! devices over their counter sockets (`rverbs::soft::counters`), so a
+//! program that hangs or fails can be looked into while it runs.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+/// Options of `rverbs counters`.
+#[derive(Args, Debug)]
+pub struct CountersArgs {
+    /// Only this process.
+    #[arg(short, long)]
+    pub pid: Option<u32>,
+    /// Print counters that are 0 too.
+    #[arg(short, long)]
+    pub all: bool,
+    /// One JSON array of devices instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints the counters of every running program's devices (this network
+/// namespace; this user's programs, or all as root).
+pub fn counters(args: &CountersArgs, out: &mut impl Write) -> Result<()> {
+    let mut found = rverbs::soft::counters::running()?;
+    found.retain(|d| args.pid.is_none_or(|p| p == d.pid));
+    if !args.all {
+        for d in &mut found {
+            d.counters.retain(|(_, v)| *v != 0);
+        }
+    }
+    if args.json {
+        let list: Vec<serde_json::Value> = found
+            .iter()
+            .map(|d| {
+                let counters: serde_json::Map<String, serde_json::Value> = d
+                    .counters
+                    .iter()
+                    .map(|(n, v)| (n.clone(), (*v).into()))
+                    .collect();
+                serde_json::json!({
+                    "pid": d.pid,
+                    "device": d.device,
+                    "addr": d.addr,
+                    "counters": counters,
+                })
+            })
+            .collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+        return Ok(());
+    }
+    if found.is_empty() {
+        match args.pid {
+            Some(p) => bail!("process {p} has no rverbs device with a context open"),
+            None => {
+                writeln!(
+                    out,
+                    "no running program has an rverbs device with a context open"
+                )?;
+                return Ok(());
+            }
+        }
+    }
+    for d in &found {
+        writeln!(out, "pid {} device {} ({})", d.pid, d.device, d.addr)?;
+        for (name, value) in &d.counters {
+            writeln!(out, "    {name:<24}{value}")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! A running program's device counters, for `rverbs counters`: each device
+//! whose engine runs answers on an abstract UNIX socket named
+//! `rverbs/<pid>/<device>` (in the network namespace the program runs in)
+//! with one `name value` line per counter, to clients of the same user or
+//! root; [`running`] finds and asks them all.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+
+use crate::soft::device::SoftDevice;
+
+/// Prefix of every device's counter socket name.
+const PREFIX: &str = "rverbs/";
+
+/// The counters of one device of a running program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningDevice {
+    /// The program's process ID.
+    pub pid: u32,
+    /// The device's name in that program.
+    pub device: String,
+    /// Its address (GID[0]'s IP).
+    pub addr: String,
+    /// Every counter, by name, as [`NetStats::counters`](crate::NetStats::counters) lists them.
+    pub counters: Vec<(String, u64)>,
+}
+
+/// Starts answering counter queries for `dev` (on a thread that sleeps in
+/// `accept` and ends when the device is gone). A socket that cannot be
+/// made (another program of this pid in the namespace …) only costs the
+/// feature: logged, not an error.
+pub(crate) fn publish(dev: &Arc<SoftDevice>) {
+    let name = format!("{PREFIX}{}/{}", std::process::id(), dev.name);
+    let listener = match SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| UnixListener::bind_addr(&a))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!("no counter socket {name:?}: {e}");
+            return;
+        }
+    };
+    let dev = Arc::downgrade(dev);
+    let spawned = std::thread::Builder::new()
+        .name("rverbs-counters".into())
+        .spawn(move || serve(&listener, &dev));
+    if let Err(e) = spawned {
+        tracing::debug!("no counter thread: {e}");
+    }
+}
+
+fn serve(listener: &UnixListener, dev: &Weak<SoftDevice>) {
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    for stream in listener.incoming() {
+        let Some(dev) = dev.upgrade() else { return };
+        let Ok(mut stream) = stream else { continue };
+        let allowed =
+            getsockopt(&stream, PeerCredentials).is_ok_and(|c| c.uid() == 0 || Some(c.uid()) == me);
+        if !allowed || dev.is_disassociated() {
+            continue;
+        }
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        let mut text = format!("device {}\naddr {}\n", dev.name, dev.addr);
+        for (name, value) in dev.engine.stats().counters() {
+            text += &format!("{name} {value}\n");
+        }
+        let _ = stream.write_all(text.as_bytes());
+    }
+}
+
+/// The devices of every running program (of this user, or all as root)
+/// in this network namespace that has an rverbs device with its engine
+/// started, with their counters, by pid then name.
+pub fn running() -> io::Result<Vec<RunningDevice>> {
+    let table = std::fs::read_to_string("/proc/net/unix")?;
+    let mut names: Vec<&str> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter_map(|path| path.strip_prefix('@'))
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut found: Vec<RunningDevice> = names.into_iter().filter_map(|n| ask(n).ok()).collect();
+    found.sort_by(|a, b| (a.pid, &a.device).cmp(&(b.pid, &b.device)));
+    Ok(found)
+}
+
+/// Asks the device at abstract socket `name` for its counters.
+fn ask(name: &str) -> io::Result<RunningDevice> {
+    let pid = name[PREFIX.len()..]
+        .split('/')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no pid"))?;
+    let stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut dev = RunningDevice {
+        pid,
+        device: String::new(),
+        addr: String::new(),
+        counters: Vec::new(),
+    };
+    for line in BufReader::new(stream).lines() {
+        let line = line?;
+        let Some((key, value)) = line.split_once(' ') else {
+            continue;
+        };
+        match key {
+            "device" => dev.device = value.to_string(),
+            "addr" => dev.addr = value.to_string(),
+            _ => {
+                if let Ok(v) = value.parse() {
+                    dev.counters.push((key.to_string(), v));
+                }
+            }
+        }
+    }
+    if dev.device.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "no answer"));
+    }
+    Ok(dev)
+}
+
+/// The counters of this process's devices, one `device: name value …`
+/// line each (non-zero counters only), for a log or a failure message.
+pub fn summary() -> String {
+    crate::soft::device::created()
+        .iter()
+        .map(|dev| {
+            let counters: Vec<String> = dev
+                .engine
+                .stats()
+                .counters()
+                .into_iter()
+                .filter(|(_, v)| *v != 0)
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            format!("{} ({}): {}\n", dev.name, dev.addr, counters.join(" "))
+        })
+        .collect()
+}
