@@ -34,7 +34,13 @@ pub(crate) fn guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// The errno libibverbs would report for an rverbs error.
+/// The errno libibverbs would report for an rverbs error. A setup problem
+/// (a destination the device cannot reach from its address) is also
+/// printed on stderr: a C program sees only EINVAL, and its user needs to
+/// know that RVERBS_ADDR is the fix.
 pub(crate) fn errno_of(e: &rverbs::Error) -> i32 {
+    if e.detail() == Some(rverbs::ErrorDetail::Unreachable) {
+        eprintln!("rverbs: {e}");
+    }
     e.errno()
 }

@@ -236,6 +236,11 @@ pub enum ErrorDetail {
         /// Its index in the list.
         index: usize,
     },
+    /// An address vector names a destination this device cannot reach
+    /// from where its address is (another host from the loopback default,
+    /// the other IP family): a setup problem, not a program's, which the
+    /// drop-in libibverbs also prints on stderr.
+    Unreachable,
 }
 
 /// A failed verb: which one, the errno-like kind, and a message saying why.

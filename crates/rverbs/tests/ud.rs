@@ -303,6 +303,40 @@ fn address_handle_attributes_are_checked() {
         let e = a.pd.create_ah(&bad).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}");
     }
+    // A device on the loopback default cannot reach another host: the
+    // error says so and names the fix, for an AH and for an RC QP's path.
+    let elsewhere = rverbs::Gid::from_ip("198.18.0.1".parse().unwrap());
+    let e =
+        a.pd.create_ah(&AhAttr {
+            dgid: elsewhere,
+            ..good
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(e.detail(), Some(rverbs::ErrorDetail::Unreachable));
+    assert!(e.to_string().contains("RVERBS_ADDR"), "{e}");
+    let rc = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let init =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    rc.modify(&attr, init).unwrap();
+    attr.qp_state = QpState::Rtr;
+    attr.ah_attr.dgid = elsewhere;
+    attr.dest_qp_num = 1;
+    let rtr = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    let e = rc.modify(&attr, rtr).unwrap_err();
+    assert_eq!(e.detail(), Some(rverbs::ErrorDetail::Unreachable), "{e}");
+    assert!(e.to_string().contains("RVERBS_ADDR"), "{e}");
     assert_eq!(a.ctx.resources().ahs, 1);
     drop(ah);
     assert_eq!(a.ctx.resources().ahs, 0);

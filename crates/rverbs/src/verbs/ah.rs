@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::attr::Gid;
-use crate::error::{Error, Rejected, Result, Verb};
+use crate::error::{Error, ErrorDetail, Rejected, Result, Verb};
 use crate::qp_attr::AhAttr;
 use crate::resources::ResourceKind;
 use crate::soft::device::{SoftDevice, GID_TABLE_LEN, PORT_NUM};
@@ -49,7 +49,9 @@ pub struct AddressHandle {
 }
 
 /// Checks an address vector against the device: EINVAL for a GID index
-/// beyond the table, another port, a zero GID or one of the other IP family.
+/// beyond the table, another port, a zero GID, and (with
+/// [`ErrorDetail::Unreachable`]) one of the other IP family or, from a
+/// device on loopback, of another host.
 pub(crate) fn check_ah_attr(dev: &SoftDevice, verb: Verb, av: &AhAttr) -> Result<()> {
     if u32::from(av.sgid_index) >= GID_TABLE_LEN {
         return Err(Error::invalid(
@@ -73,10 +75,22 @@ pub(crate) fn check_ah_attr(dev: &SoftDevice, verb: Verb, av: &AhAttr) -> Result
             format!("dgid {} is not a RoCEv2 address", av.dgid),
         ));
     }
+    let unreachable = |why: String| {
+        Err(Error::invalid(verb, format!("dgid {}: {why}", av.dgid))
+            .with_detail(ErrorDetail::Unreachable))
+    };
     if ip.is_ipv4() != dev.addr.is_ipv4() {
-        return Err(Error::invalid(
-            verb,
-            format!("dgid {} is not reachable from {}", av.dgid, dev.addr),
+        return unreachable(format!(
+            "not reachable from {} {} (another IP family)",
+            dev.name, dev.addr
+        ));
+    }
+    if dev.addr.is_loopback() && !ip.is_loopback() && !ip.is_multicast() {
+        return unreachable(format!(
+            "another host, but {} is on the loopback address {} (the default when \
+             RVERBS_ADDR and /etc/rverbs/rverbs.toml name no address): set RVERBS_ADDR \
+             to this host's address on the network that reaches it",
+            dev.name, dev.addr
         ));
     }
     Ok(())

@@ -9,7 +9,7 @@ use rverbs_wire::{Psn, RnrTimer};
 use crate::attr::{AccessFlags, Gid, Mtu};
 use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
 use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpType};
-use crate::soft::device::{GID_TABLE_LEN, PORT_NUM};
+use crate::soft::device::PORT_NUM;
 use crate::soft::net::{peer_endpoint, AttachError};
 use crate::soft::qp::QpCore;
 use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
@@ -381,25 +381,10 @@ impl QueuePair {
         }
         if mask.contains(QpAttrMask::AV) {
             let av = &attr.ah_attr;
-            if u32::from(av.sgid_index) >= GID_TABLE_LEN {
-                return bad(format!(
-                    "sgid_index {} is not below gid_tbl_len {GID_TABLE_LEN}",
-                    av.sgid_index
-                ));
-            }
-            if av.port_num != PORT_NUM {
-                return bad(format!("ah_attr.port_num {} does not exist", av.port_num));
-            }
-            let ip = av.dgid.to_ip();
-            if av.dgid.is_zero() || ip.is_unspecified() || ip.is_multicast() {
+            if av.dgid.to_ip().is_multicast() {
                 return bad(format!("dgid {} is not a unicast RoCEv2 address", av.dgid));
             }
-            if ip.is_ipv4() != dev.addr.is_ipv4() {
-                return bad(format!(
-                    "dgid {} is not reachable from {}",
-                    av.dgid, dev.addr
-                ));
-            }
+            crate::verbs::ah::check_ah_attr(dev, verb, av)?;
         }
         if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > dev.port.active_mtu {
             return bad(format!(
