@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # scripts/rxe-guest/lib.sh — synchronisation helpers for the host side and the
 # guest side of an rxe-guest run. Source it (bash):
 #   host:  . scripts/rxe-guest/lib.sh
