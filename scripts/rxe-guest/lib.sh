@@ -3,7 +3,7 @@
 # guest side of an rxe-guest run. Source it (bash):
 #   host:  . scripts/rxe-guest/lib.sh
 #   guest: every bash script `run` starts has it already (BASH_ENV); it is
-#          also at "$RXE_LIB" for sh scripts or subshells that need it.
+#          also at "$RXE_LIB" (bash only: it uses local and $SECONDS).
 # The shared output directory (host: the --out DIR given to run; guest: /out)
 # is the rendezvous: each side creates marker files there and the other waits
 # for them. 9p has no cache in the guest, so a file one side creates is seen
