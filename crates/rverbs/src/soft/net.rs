@@ -91,6 +91,10 @@ pub struct NetStats {
     pub tx_errors: u64,
     /// Sends handed to the kernel (single packets or GSO batches).
     pub tx_sends: u64,
+    /// Packets the kernel refused as larger than the link's MTU allows (a
+    /// path MTU above the port's active MTU), lost; the transport retries
+    /// and, if the path MTU stays too big, ends in RETRY_EXC_ERR.
+    pub tx_too_big: u64,
     /// RoCE packets received on port 4791.
     pub rx_packets: u64,
     /// Receive calls that returned data (single packets or GRO batches).
@@ -157,6 +161,7 @@ impl NetStats {
             tx_packets,
             tx_errors,
             tx_sends,
+            tx_too_big,
             rx_packets,
             rx_recvs,
             rx_icrc_errors,
@@ -185,6 +190,7 @@ impl NetStats {
             ("tx_packets", tx_packets),
             ("tx_errors", tx_errors),
             ("tx_sends", tx_sends),
+            ("tx_too_big", tx_too_big),
             ("rx_packets", rx_packets),
             ("rx_recvs", rx_recvs),
             ("rx_icrc_errors", rx_icrc_errors),
@@ -1493,6 +1499,7 @@ impl Sender<'_> {
         let to = SockaddrStorage::from(peer);
         // Batches to send packet by packet (all of them without GSO).
         let mut unbatched: SmallVec<[&PendingSend; sys::MAX_DATAGRAMS]> = SmallVec::new();
+        let mut gso_refused = false;
         if *self.gso {
             let ready: SmallVec<[&PendingSend; sys::MAX_DATAGRAMS]> =
                 sends.iter().filter(|s| usable(s)).collect();
@@ -1513,6 +1520,7 @@ impl Sender<'_> {
             }
             if let Some(refused) = self.transmit(sock, &to, &iov, &out) {
                 unbatched.extend(ready[refused..].iter().copied());
+                gso_refused = true;
             }
         } else {
             unbatched.extend(sends.iter().filter(|s| usable(s)));
@@ -1534,7 +1542,13 @@ impl Sender<'_> {
                 });
             }
             // No GSO datagram among them: nothing to refuse.
+            let too_big = self.stats.tx_too_big;
             self.transmit(sock, &to, &iov, &out);
+            if gso_refused && self.stats.tx_too_big > too_big {
+                // The kernel refused the GSO send for its segments' size
+                // (EINVAL, where a plain send says EMSGSIZE), not GSO.
+                *self.gso = true;
+            }
         }
         drop(payloads);
         drop(guards);
@@ -1573,9 +1587,14 @@ impl Sender<'_> {
                 Err(e @ (Errno::EINVAL | Errno::EIO | Errno::EOPNOTSUPP))
                     if out[i].gso.is_some() =>
                 {
-                    tracing::info!("UDP GSO refused ({e}); sending packet by packet");
+                    tracing::info!("UDP GSO refused ({e}); trying packet by packet");
                     *self.gso = false;
                     return Some(i);
+                }
+                Err(Errno::EMSGSIZE) => {
+                    tracing::debug!("a packet larger than the link MTU was refused");
+                    self.stats.tx_too_big += out[i].packets as u64;
+                    i += 1;
                 }
                 // EAGAIN / ENOBUFS (a full socket buffer) and the rest: a
                 // loss, which the transport recovers from.

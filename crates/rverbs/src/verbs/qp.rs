@@ -386,11 +386,16 @@ impl QueuePair {
             }
             crate::verbs::ah::check_ah_attr(dev, verb, av)?;
         }
-        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > dev.port.active_mtu {
+        // A path MTU up to the port's max_mtu is the application's choice,
+        // as on kernel Soft-RoCE and NICs, even above the active MTU the
+        // link allows: packets that do not fit the link are then refused by
+        // the kernel (counted as `tx_too_big`) and the QP ends in
+        // RETRY_EXC_ERR, where rxe retries for ever.
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > dev.port.max_mtu {
             return bad(format!(
-                "path_mtu {} exceeds the port's active MTU {}",
+                "path_mtu {} exceeds the port's max MTU {}",
                 attr.path_mtu.bytes(),
-                dev.port.active_mtu.bytes()
+                dev.port.max_mtu.bytes()
             ));
         }
         if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC)
