@@ -620,5 +620,7 @@ for k in range(8):
     );
     assert_eq!(after.rx_icrc_errors - before.rx_icrc_errors, 1, "{after:?}");
     assert_eq!(after.rx_bad_pkey - before.rx_bad_pkey, 1, "{after:?}");
+    // ibv_query_port's violation counter shows it too.
+    assert_eq!(s.ctx.query_port(1).unwrap().bad_pkey_cntr, 1);
     assert_eq!(after.rx_unknown_qp - before.rx_unknown_qp, 1, "{after:?}");
 }

@@ -336,6 +336,11 @@ impl SoftDevice {
     /// while the device's address is gone.
     pub(crate) fn port_attr(&self) -> PortAttr {
         let mut port = self.port.clone();
+        // The port's violation counters are the engine's, saturating at
+        // 16 bits as the IBTA's PortInfo fields (and rxe) do.
+        let stats = self.engine.stats();
+        port.bad_pkey_cntr = stats.rx_bad_pkey.min(0xffff) as u32;
+        port.qkey_viol_cntr = stats.qkey_violations.min(0xffff) as u32;
         if !self.port_active.load(Ordering::Acquire) {
             port.state = PortState::Down;
             port.phys_state = PHYS_STATE_DISABLED;
