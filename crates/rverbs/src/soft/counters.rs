@@ -25,7 +25,7 @@ pub struct RunningDevice {
     pub pid: u32,
     /// The device's name in that program.
     pub device: String,
-    /// Its address (GID[0]'s IP).
+    /// Its address (the IP of its first GID).
     pub addr: String,
     /// Every counter, by name, as [`NetStats::counters`](crate::NetStats::counters) lists them.
     pub counters: Vec<(String, u64)>,
