@@ -1873,6 +1873,63 @@ mod tests {
         (gso, stats, got)
     }
 
+    /// Datagrams the kernel refuses as too big (here: beyond a UDP
+    /// datagram's 64 KiB; on a link, beyond its MTU with DF set) are counted
+    /// as such, lost, and leave GSO on.
+    #[test]
+    fn oversized_datagrams_count_as_too_big_and_leave_gso_on() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sys::set_dont_fragment(&sock, false).unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let (mut gso, mut stats) = (true, NetStats::default());
+        let mut out = Sender {
+            socket: Some(&sock),
+            gso: &mut gso,
+            stats: &mut stats,
+            local: sock.local_addr().unwrap(),
+            peer: peer.local_addr().unwrap(),
+        };
+        // One 70,000-byte packet alone, then a GSO batch of two of 40,000
+        // (80,000 bytes in one send), then a small packet that fits.
+        let lens = [70_000usize, 40_000, 40_000, 100];
+        let mut buf = vec![0x5a; lens.iter().sum()];
+        let pkts: Vec<TxPacket> = lens
+            .iter()
+            .map(|&len| TxPacket { len, refs: 0..0 })
+            .collect();
+        let batch = |len, seg, count| Batch { len, seg, count };
+        let sends = [
+            PendingSend {
+                batch: batch(70_000, 70_000, 1),
+                pkts: 0..1,
+            },
+            PendingSend {
+                batch: batch(80_000, 40_000, 2),
+                pkts: 1..3,
+            },
+            PendingSend {
+                batch: batch(100, 100, 1),
+                pkts: 3..4,
+            },
+        ];
+        out.send_all(&MrTable::new(4), &mut buf, &sends, &pkts, &[]);
+        let mut rb = [0u8; 2048];
+        let (n, _) = peer.recv_from(&mut rb).expect("the small packet");
+        assert_eq!(n, 100);
+        assert!(
+            peer.recv_from(&mut rb).is_err(),
+            "only the small one arrives"
+        );
+        assert!(gso, "a size refusal turned GSO off");
+        assert_eq!(
+            (stats.tx_too_big, stats.tx_errors, stats.tx_packets),
+            (3, 0, 1),
+            "{stats:?}"
+        );
+    }
+
     /// How each segment of a GRO batch whose packets really carry the
     /// IPv4 IDs `wire` is taken (`None`: dropped): real packets, each with
     /// its ICRC for its ID, corrupt where `wire` says `None`.
