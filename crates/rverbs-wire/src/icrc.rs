@@ -167,7 +167,9 @@ pub fn check(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<(u32,
 /// few: MTU-sized packets, ACKs, a tail).
 #[derive(Debug, Clone)]
 pub struct Ipv4IdSolver {
-    /// Direct-mapped by `after % len`: (bytes after the ID, multiplier).
+    /// Direct-mapped by `after % len`: (bytes after the ID, multiplier);
+    /// `after` is never 0 (the UDP header alone follows the ID), so 0
+    /// marks an empty slot.
     cache: [(u32, u32); SOLVER_CACHE],
 }
 
@@ -182,7 +184,7 @@ const X_ORDER: u64 = (1 << 32) - 1;
 impl Default for Ipv4IdSolver {
     fn default() -> Self {
         Self {
-            cache: [(u32::MAX, 0); SOLVER_CACHE],
+            cache: [(0, 0); SOLVER_CACHE],
         }
     }
 }

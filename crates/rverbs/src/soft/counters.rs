@@ -4,14 +4,19 @@
 //! with one `name value` line per counter, to clients of the same user or
 //! root; [`running`] finds and asks them all.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    connect, getsockopt, socket, sockopt::PeerCredentials, AddressFamily, SockFlag, SockType,
+    UnixAddr,
+};
+use nix::unistd::geteuid;
 
 use crate::soft::device::SoftDevice;
 
@@ -55,13 +60,22 @@ pub(crate) fn publish(dev: &Arc<SoftDevice>) {
     }
 }
 
+/// Whether the other end of `stream` runs as this process's user or root
+/// (and, when `pid` is given, is that process).
+fn trusted(stream: &UnixStream, pid: Option<u32>) -> bool {
+    let me = geteuid().as_raw();
+    getsockopt(stream, PeerCredentials).is_ok_and(|c| {
+        (c.uid() == 0 || c.uid() == me) && pid.is_none_or(|p| i64::from(c.pid()) == i64::from(p))
+    })
+}
+
+/// Serves counter queries until a query finds the device gone (a removed
+/// device keeps its thread, asleep, until the next query).
 fn serve(listener: &UnixListener, dev: &Weak<SoftDevice>) {
-    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
     for stream in listener.incoming() {
         let Some(dev) = dev.upgrade() else { return };
         let Ok(mut stream) = stream else { continue };
-        let allowed =
-            getsockopt(&stream, PeerCredentials).is_ok_and(|c| c.uid() == 0 || Some(c.uid()) == me);
+        let allowed = trusted(&stream, None);
         if !allowed || dev.is_disassociated() {
             continue;
         }
@@ -92,22 +106,38 @@ pub fn running() -> io::Result<Vec<RunningDevice>> {
     Ok(found)
 }
 
-/// Asks the device at abstract socket `name` for its counters.
+/// How long one device may take to answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most an answer may hold (a few dozen short lines are expected).
+const ANSWER_LIMIT: u64 = 64 << 10;
+
+/// Asks the device at abstract socket `name` for its counters: within
+/// [`ASK_TIMEOUT`], at most [`ANSWER_LIMIT`] bytes, and only from the
+/// process the name says, of this user or root (an abstract name has no
+/// permissions: anyone could have bound it).
 fn ask(name: &str) -> io::Result<RunningDevice> {
-    let pid = name[PREFIX.len()..]
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let pid: u32 = name[PREFIX.len()..]
         .split('/')
         .next()
         .and_then(|p| p.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no pid"))?;
-    let stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        .ok_or_else(|| bad("no pid"))?;
+    let stream = connect_within(name, ASK_TIMEOUT)?;
+    if !trusted(&stream, Some(pid)) {
+        return Err(bad("not the program the name says, or another user's"));
+    }
+    let deadline = Instant::now() + ASK_TIMEOUT;
+    stream.set_read_timeout(Some(ASK_TIMEOUT))?;
     let mut dev = RunningDevice {
         pid,
         device: String::new(),
         addr: String::new(),
         counters: Vec::new(),
     };
-    for line in BufReader::new(stream).lines() {
+    for line in BufReader::new(stream.take(ANSWER_LIMIT)).lines() {
+        if Instant::now() > deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "answer too slow"));
+        }
         let line = line?;
         let Some((key, value)) = line.split_once(' ') else {
             continue;
@@ -123,9 +153,39 @@ fn ask(name: &str) -> io::Result<RunningDevice> {
         }
     }
     if dev.device.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "no answer"));
+        return Err(bad("no answer"));
     }
     Ok(dev)
+}
+
+/// Connects to the abstract socket `name`, giving up after `timeout` (a
+/// stopped program's full backlog would block a plain connect for ever).
+fn connect_within(name: &str, timeout: Duration) -> io::Result<UnixStream> {
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let addr = UnixAddr::new_abstract(name.as_bytes())?;
+    match connect(fd.as_raw_fd(), &addr) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EINPROGRESS | nix::errno::Errno::EAGAIN) => {
+            let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
+            if poll(&mut fds, PollTimeout::from(ms))? == 0 {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer"));
+            }
+            let pending = getsockopt(&fd, nix::sys::socket::sockopt::SocketError)?;
+            if pending != 0 {
+                return Err(io::Error::from_raw_os_error(pending));
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// The counters of this process's devices, one `device: name value …`

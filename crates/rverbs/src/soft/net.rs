@@ -1499,14 +1499,26 @@ impl Sender<'_> {
                     packets: 1,
                 });
             }
-            // No GSO datagram among them: nothing to refuse.
+            // No GSO datagram among them: nothing to refuse. After a
+            // refused GSO send, its own packets go first, alone: if the
+            // kernel refuses every one of them as too big, it refused the
+            // GSO send for its segments' size (EINVAL, where a plain send
+            // says EMSGSIZE: a path MTU above the link's), not GSO itself.
+            let first = if gso_refused {
+                unbatched[0].pkts.len()
+            } else {
+                0
+            };
             let too_big = self.stats.tx_too_big;
-            self.transmit(sock, &to, &iov, &out);
-            if gso_refused && self.stats.tx_too_big > too_big {
-                // The kernel refused the GSO send for its segments' size
-                // (EINVAL, where a plain send says EMSGSIZE), not GSO.
-                *self.gso = true;
+            self.transmit(sock, &to, &iov, &out[..first]);
+            if gso_refused {
+                if self.stats.tx_too_big - too_big == first as u64 {
+                    *self.gso = true;
+                } else {
+                    tracing::info!("UDP GSO refused by the kernel; sending packet by packet");
+                }
             }
+            self.transmit(sock, &to, &iov, &out[first..]);
         }
         drop(payloads);
         drop(guards);
@@ -1545,7 +1557,7 @@ impl Sender<'_> {
                 Err(e @ (Errno::EINVAL | Errno::EIO | Errno::EOPNOTSUPP))
                     if out[i].gso.is_some() =>
                 {
-                    tracing::info!("UDP GSO refused ({e}); trying packet by packet");
+                    tracing::debug!("UDP GSO send refused ({e}); trying packet by packet");
                     *self.gso = false;
                     return Some(i);
                 }

@@ -51,7 +51,7 @@ pub struct AddressHandle {
 /// Checks an address vector against the device: EINVAL for a GID index
 /// beyond the table, another port, a zero GID, and (with
 /// [`ErrorDetail::Unreachable`]) one of the other IP family or, from a
-/// device on loopback, of another host.
+/// device on loopback, of another host (not one of this host's addresses).
 pub(crate) fn check_ah_attr(dev: &SoftDevice, verb: Verb, av: &AhAttr) -> Result<()> {
     if u32::from(av.sgid_index) >= GID_TABLE_LEN {
         return Err(Error::invalid(
@@ -85,7 +85,12 @@ pub(crate) fn check_ah_attr(dev: &SoftDevice, verb: Verb, av: &AhAttr) -> Result
             dev.name, dev.addr
         ));
     }
-    if dev.addr.is_loopback() && !ip.is_loopback() && !ip.is_multicast() {
+    // (One of this host's own addresses is reachable from loopback.)
+    if dev.addr.is_loopback()
+        && !ip.is_loopback()
+        && !ip.is_multicast()
+        && !crate::soft::link::address_usable(ip)
+    {
         return unreachable(format!(
             "another host, but {} is on the loopback address {} (the default when \
              RVERBS_ADDR and /etc/rverbs/rverbs.toml name no address): set RVERBS_ADDR \
