@@ -527,8 +527,9 @@ fn sqd_holds_new_sends_until_rts_and_reports_drained_at_once() {
 /// covers it): scapy builds them, ICRC included, and a raw socket sends them
 /// with counting IDs. Each is delivered and counted as solved; a
 /// corrupt one is right for no ID and dropped, and so are one of another
-/// partition and one for no QP, each counted by its reason. Needs root and scapy (fails
-/// instead of skipping when `CI` is set).
+/// partition, one for no QP, one of another transport, one above the MTU
+/// and one for a QP in RESET, each counted by its reason. Needs root and
+/// scapy (fails instead of skipping when `CI` is set).
 #[test]
 fn datagrams_with_counting_ip_ids_are_received_and_corrupt_ones_dropped() {
     let root = common::is_root();
@@ -561,33 +562,47 @@ fn datagrams_with_counting_ip_ids_are_received_and_corrupt_ones_dropped() {
     let before = dev.net_stats();
     // Five good datagrams with IDs 0xfffe, 0xffff, 0, 1, 2 (wrapping, as a
     // counter does), then a sixth whose payload was changed after its
-    // ICRC was computed, one of another partition (P_Key), and one for a
-    // QP that does not exist: each dropped and counted by its reason.
+    // ICRC was computed, one of another partition (P_Key), one for a QP
+    // that does not exist, an RC packet, one above the MTU, and one for a QP
+    // in RESET: each dropped and counted by its reason.
     let script = r#"
 import socket, struct, sys
 from scapy.all import IP, UDP, Raw, raw
 from scapy.contrib.roce import BTH
-addr, qpn, qkey = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+addr, qpn, qkey, idle = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 out = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-for k in range(8):
+for k in range(11):
     bth = BTH(opcode=0x64, dqpn=qpn, psn=k)
+    payload = b"id-%d" % k if k < 10 else b"id10"
     if k == 6:
         bth.pkey = 0x1234
     if k == 7:
         bth.dqpn = qpn ^ 0x800000
+    if k == 8:
+        bth.opcode = 0x04  # RC SEND_ONLY
+    if k == 9:
+        payload = bytes(4104)  # above the path MTU
+    if k == 10:
+        bth.dqpn = idle
     pkt = IP(src=addr, dst=addr, id=(0xfffe + k) & 0xffff, flags="DF") / \
         UDP(sport=49152, dport=4791, chksum=0) / \
-        bth / Raw(struct.pack(">II", qkey, 0x4242) + b"id-%d" % k)
+        bth / Raw(struct.pack(">II", qkey, 0x4242) + payload)
     if k == 5:
         b = bytearray(raw(pkt))
         b[-6] ^= 0x01
         pkt = IP(bytes(b))
     out.sendto(raw(pkt), (addr, 0))
 "#;
+    let idle =
+        s.pd.qp_builder(&s.cq, &s.cq)
+            .qp_type(QpType::Ud)
+            .build()
+            .unwrap();
     let out = std::process::Command::new(common::PYTHON)
         .args(["-c", script, &addr.to_string()])
         .arg(s.qp.qp_num().to_string())
         .arg(QKEY.to_string())
+        .arg(idle.qp_num().to_string())
         .output()
         .unwrap();
     assert!(
@@ -612,12 +627,15 @@ for k in range(8):
     );
     let after = dev.net_stats();
     // Every intact one but ID 0 (what an rverbs peer writes, checked at
-    // once) had its ID solved for, the two dropped after that too.
+    // once) had its ID solved for, those dropped after that too.
     assert_eq!(
         after.rx_ip_id_solved - before.rx_ip_id_solved,
-        6,
+        9,
         "{after:?}"
     );
+    assert_eq!(after.rx_wrong_transport - before.rx_wrong_transport, 1);
+    assert_eq!(after.rx_too_long - before.rx_too_long, 1);
+    assert_eq!(after.rx_qp_not_receiving - before.rx_qp_not_receiving, 1);
     assert_eq!(after.rx_icrc_errors - before.rx_icrc_errors, 1, "{after:?}");
     assert_eq!(after.rx_bad_pkey - before.rx_bad_pkey, 1, "{after:?}");
     // ibv_query_port's violation counter shows it too.
