@@ -238,6 +238,8 @@ fn two_devices_on_two_loopback_addresses() {
 #[test]
 fn remote_access_error_moves_both_to_error_and_flushes() {
     let (a, b) = pair_on_one_device();
+    let dev = &devices().unwrap()[0];
+    let fatal_naks = dev.net_stats().fatal_naks_sent;
     b.qp.post_recv(&RecvWr::new(50, &[sge(&b.mr, 0, 64)]))
         .unwrap();
     a.qp.post_send(
@@ -262,6 +264,8 @@ fn remote_access_error_moves_both_to_error_and_flushes() {
         "unsignaled WRs flush too"
     );
     assert_eq!(a.qp.state(), rverbs::QpState::Err);
+    // The device counts the refusal (other tests share it: at least one).
+    assert!(dev.net_stats().fatal_naks_sent > fatal_naks);
     // The responder: QP_ACCESS_ERR, its receive WR flushed.
     let flushed = wait(&b.cq, 1);
     assert_eq!(

@@ -844,6 +844,8 @@ fn uc_refuses_reads_and_atomics_at_post() {
 #[test]
 fn a_uc_send_without_a_receive_wr_is_dropped_silently() {
     let (a, b, _) = pair(QpType::Uc, None);
+    let uc_dropped = || b.ctx.device().net_stats().uc_dropped;
+    let dropped_before = uc_dropped();
     a.qp.post_send(&SendWr::inline(1, WrOpcode::SendWithImm { imm: 1 }, b"lost").signaled())
         .unwrap();
     let sent = wait(&a.cq, 1, "the SEND nobody takes");
@@ -872,6 +874,9 @@ fn a_uc_send_without_a_receive_wr_is_dropped_silently() {
     assert_no_event(&a.ctx, Duration::from_millis(20), "sender");
     assert_eq!(b.qp.state(), QpState::Rts, "no RNR, no error: still RTS");
     assert_eq!(a.qp.state(), QpState::Rts);
+    // Silent to the program, not to the device's counters (which other
+    // tests share: at least these two).
+    assert!(uc_dropped() >= dropped_before + 2);
     // The next message, with a receive WR there, arrives: it alone.
     b.qp.post_recv(&RecvWr::new(7, &[sge(&b.mr, 0, 64)]))
         .unwrap();

@@ -407,6 +407,7 @@ impl RcQp {
     fn queue_rnr(&mut self, psn: Psn) {
         if self.cfg.transport == Transport::Uc {
             // No receive WR: the message is dropped (UC has no RNR).
+            self.counters.uc_dropped += 1;
             return self.uc_drop_message();
         }
         self.nak_seq_sent = true;
