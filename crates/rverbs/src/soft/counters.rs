@@ -37,7 +37,7 @@ pub struct RunningDevice {
 }
 
 /// Starts answering counter queries for `dev` (on a thread that sleeps in
-/// `accept` and ends when the device is gone). A socket that cannot be
+/// `accept`, and ends at the first query after the device is gone). A socket that cannot be
 /// made (another program of this pid in the namespace …) only costs the
 /// feature: logged, not an error.
 pub(crate) fn publish(dev: &Arc<SoftDevice>) {
