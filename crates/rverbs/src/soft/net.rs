@@ -1839,7 +1839,15 @@ mod tests {
     /// A received datagram and the IPv4 ID its ICRC is right for.
     type Delivered = (Vec<u8>, Option<u16>);
 
-    fn send_batch(refuse_gso: bool) -> (bool, NetStats, Vec<Delivered>) {
+    /// Sends `sends` from a fresh socket on 127.0.0.1 (one the kernel
+    /// refuses GSO sends from, with `refuse_gso`) to a fresh peer socket;
+    /// the engine's GSO flag after it, its counters, and the peer.
+    fn send_on_loopback(
+        refuse_gso: bool,
+        buf: &mut [u8],
+        sends: &[PendingSend],
+        pkts: &[TxPacket],
+    ) -> (bool, NetStats, UdpSocket) {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sys::set_dont_fragment(&sock, false).unwrap();
         if refuse_gso {
@@ -1856,6 +1864,11 @@ mod tests {
             local: sock.local_addr().unwrap(),
             peer: peer.local_addr().unwrap(),
         };
+        out.send_all(&MrTable::new(4), buf, sends, pkts, &[]);
+        (gso, stats, peer)
+    }
+
+    fn send_batch(refuse_gso: bool) -> (bool, NetStats, Vec<Delivered>) {
         let mut buf: Vec<u8> = (0..300u32).map(|i| (i * 7 + 1) as u8).collect();
         let pkts: Vec<TxPacket> = (0..3)
             .map(|_| TxPacket {
@@ -1871,7 +1884,7 @@ mod tests {
             },
             pkts: 0..3,
         };
-        out.send_all(&MrTable::new(4), &mut buf, &[send], &pkts, &[]);
+        let (gso, stats, peer) = send_on_loopback(refuse_gso, &mut buf, &[send], &pkts);
         let mut got = Vec::new();
         let mut rb = [0u8; 2048];
         while let Ok((n, from)) = peer.recv_from(&mut rb) {
@@ -1890,19 +1903,6 @@ mod tests {
     /// as such, lost, and leave GSO on.
     #[test]
     fn oversized_datagrams_count_as_too_big_and_leave_gso_on() {
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sys::set_dont_fragment(&sock, false).unwrap();
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        peer.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        let (mut gso, mut stats) = (true, NetStats::default());
-        let mut out = Sender {
-            socket: Some(&sock),
-            gso: &mut gso,
-            stats: &mut stats,
-            local: sock.local_addr().unwrap(),
-            peer: peer.local_addr().unwrap(),
-        };
         // One 70,000-byte packet alone, then a GSO batch of two of 40,000
         // (80,000 bytes in one send), then a small packet that fits.
         let lens = [70_000usize, 40_000, 40_000, 100];
@@ -1926,7 +1926,7 @@ mod tests {
                 pkts: 3..4,
             },
         ];
-        out.send_all(&MrTable::new(4), &mut buf, &sends, &pkts, &[]);
+        let (gso, stats, peer) = send_on_loopback(false, &mut buf, &sends, &pkts);
         let mut rb = [0u8; 2048];
         let (n, _) = peer.recv_from(&mut rb).expect("the small packet");
         assert_eq!(n, 100);
