@@ -13,7 +13,7 @@
 //! sender will have the kernel write them ([`Ipv4Header`], [`Ipv6Header`],
 //! [`udp_header`] build those).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::bth::BTH_LEN;
 use crate::packet::ICRC_LEN;
@@ -352,9 +352,106 @@ pub fn udp_header(src_port: u16, dst_port: u16, udp_len: u16) -> [u8; 8] {
     u
 }
 
+/// The IP and UDP headers of a RoCEv2 packet as Linux writes them for an
+/// unconnected UDP socket with Don't Fragment set — what a sender's ICRC is
+/// computed over, and what a receiver that does not see the real headers
+/// checks against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpUdpHeaders {
+    ip: [u8; 40],
+    ip_len: usize,
+    udp: [u8; 8],
+}
+
+impl IpUdpHeaders {
+    /// The headers of a packet of `roce_len` bytes (BTH to ICRC) from `src`
+    /// to `dst`, with IPv4 ID `ipv4_id`: Linux writes 0 on DF packets of an
+    /// unconnected socket, and k for segment k of a UDP GSO send. Two IPv4
+    /// endpoints give an IPv4 header; otherwise both addresses are taken as
+    /// IPv6 (IPv4 ones mapped), with traffic class, flow label and hop limit
+    /// as Linux's defaults (the ICRC masks them anyway).
+    pub fn linux(src: SocketAddr, dst: SocketAddr, roce_len: usize, ipv4_id: u16) -> Self {
+        let udp_len = (roce_len + UDP_HEADER_LEN) as u16;
+        let udp = udp_header(src.port(), dst.port(), udp_len);
+        let mut ip = [0u8; 40];
+        let ip_len = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let h = Ipv4Header {
+                    src: s,
+                    dst: d,
+                    id: ipv4_id,
+                    dont_fragment: true,
+                    tos: 0,
+                    ttl: 64,
+                };
+                ip[..20].copy_from_slice(&h.to_bytes(udp_len));
+                20
+            }
+            (s, d) => {
+                let v6 = |a: IpAddr| match a {
+                    IpAddr::V6(v) => v,
+                    IpAddr::V4(v) => v.to_ipv6_mapped(),
+                };
+                let h = Ipv6Header {
+                    src: v6(s),
+                    dst: v6(d),
+                    traffic_class: 0,
+                    flow_label: 0,
+                    hop_limit: 64,
+                };
+                ip.copy_from_slice(&h.to_bytes(udp_len));
+                40
+            }
+        };
+        IpUdpHeaders { ip, ip_len, udp }
+    }
+
+    /// The IP header (20 bytes for IPv4, 40 for IPv6).
+    pub fn ip(&self) -> &[u8] {
+        &self.ip[..self.ip_len]
+    }
+
+    /// The UDP header (checksum 0).
+    pub fn udp(&self) -> &[u8; 8] {
+        &self.udp
+    }
+
+    /// Whether the IP header is IPv4 (it then has an ID).
+    pub fn is_ipv4(&self) -> bool {
+        self.ip_len == 20
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn linux_headers_are_ipv4_between_ipv4_endpoints_else_ipv6() {
+        let v4 = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let h = IpUdpHeaders::linux(v4("10.0.0.1:49152"), v4("10.0.0.2:4791"), 40, 7);
+        assert!(h.is_ipv4());
+        assert_eq!(h.ip().len(), 20);
+        assert_eq!(&h.ip()[4..6], &7u16.to_be_bytes(), "the ID");
+        assert_eq!(h.ip()[6], 0x40, "DF");
+        assert_eq!(
+            !ones_complement_sum(h.ip()),
+            0,
+            "the header checksum checks"
+        );
+        assert_eq!(h.udp(), &udp_header(49152, 4791, 48));
+        let h = IpUdpHeaders::linux(v4("10.0.0.1:49152"), v4("[::1]:4791"), 40, 7);
+        assert!(!h.is_ipv4());
+        assert_eq!(h.ip().len(), 40);
+        assert_eq!(
+            &h.ip()[8..24],
+            &"10.0.0.1"
+                .parse::<Ipv4Addr>()
+                .unwrap()
+                .to_ipv6_mapped()
+                .octets()
+        );
+    }
 
     /// The public vector from scapy's RoCE tests (WIRE.md).
     fn scapy_vector() -> (Vec<u8>, [u8; 8], Vec<u8>) {

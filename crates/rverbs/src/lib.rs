@@ -58,9 +58,20 @@ pub mod error;
 pub mod event;
 pub mod qp_attr;
 pub mod resources;
-pub mod soft;
+mod soft;
 mod verbs;
 pub mod wc;
+
+/// Device counters of running programs — this one's and, over their
+/// counter sockets, other processes' (what `rverbs counters` shows and
+/// `RVERBS_COUNTERS=1` prints at a C program's exit).
+pub mod counters {
+    pub use crate::soft::counters::{running, summary, RunningDevice};
+}
+
+/// The UDP port RoCEv2 packets go to (4791), where every device's endpoint
+/// listens.
+pub use rverbs_wire::icrc::ROCE_V2_PORT;
 pub mod wr;
 
 pub use attr::{
@@ -72,7 +83,8 @@ pub use event::AsyncEventType;
 pub use qp_attr::{AhAttr, QpAttr, QpAttrMask, QpCaps, QpType, TransitionError};
 pub use resources::{LiveResource, ResourceCounts, ResourceKind};
 pub use soft::config::{DeviceAddr, DeviceConfig};
-pub use soft::net::NetStats;
+pub use soft::device::{allow_disassoc_destroy, ALLOW_DISASSOC_DESTROY_ENV};
+pub use soft::engine::NetStats;
 pub use verbs::ah::AddressHandle;
 pub use verbs::async_event::{AsyncEvent, AsyncEventElement};
 pub use verbs::channel::{CompletionChannel, CqEvent};

@@ -485,7 +485,7 @@ fn child(mode: &str, args: &[String]) {
 }
 
 fn child_disassociate(allowed: bool) {
-    assert_eq!(rverbs::soft::device::allow_disassoc_destroy(), allowed);
+    assert_eq!(rverbs::allow_disassoc_destroy(), allowed);
     let dev = devices().unwrap().remove(0);
     let ctx = dev.open().unwrap();
     let ch = std::sync::Arc::new(ctx.create_comp_channel().unwrap());
@@ -560,7 +560,7 @@ fn child_disassociate(allowed: bool) {
     } else {
         std::env::set_var("RDMAV_ALLOW_DISASSOC_DESTROY", "1");
     }
-    assert_eq!(rverbs::soft::device::allow_disassoc_destroy(), allowed);
+    assert_eq!(rverbs::allow_disassoc_destroy(), allowed);
     println!("disassociated: {}", if allowed { "allowed" } else { "eio" });
 }
 

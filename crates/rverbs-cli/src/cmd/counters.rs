@@ -1,6 +1,6 @@
 //! `rverbs counters`: the device counters of running programs — packets,
 //! drops by reason, retransmissions, NAKs — asked of each program's
-//! devices over their counter sockets (`rverbs::soft::counters`), so a
+//! devices over their counter sockets (`rverbs::counters`), so a
 //! program that hangs or fails can be looked into while it runs.
 
 use std::io::Write;
@@ -25,7 +25,7 @@ pub struct CountersArgs {
 /// Prints the counters of every running program's devices (this network
 /// namespace; this user's programs, or all as root).
 pub fn counters(args: &CountersArgs, out: &mut impl Write) -> Result<()> {
-    let mut found = rverbs::soft::counters::running()?;
+    let mut found = rverbs::counters::running()?;
     found.retain(|d| args.pid.is_none_or(|p| p == d.pid));
     if !args.all {
         for d in &mut found {

@@ -201,7 +201,7 @@ fn print_device(dev: &Device, args: &DevinfoArgs, out: &mut impl Write) -> Resul
         out,
         "\tendpoint (rverbs):\t\t{}:{} UDP{}",
         dev.addr(),
-        rverbs::soft::device::ROCE_UDP_PORT,
+        rverbs::ROCE_V2_PORT,
         dev.interface()
             .map(|i| format!(" on {i}"))
             .unwrap_or_default()

@@ -102,9 +102,6 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A device config passed to the API is bad.
-    #[error("{0}")]
-    Api(String),
 }
 
 /// The process's device configs — `RVERBS_ADDR`, else the config file, else

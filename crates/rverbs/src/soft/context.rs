@@ -61,7 +61,7 @@ impl ContextCore {
         }
         // The engine thread watches the port for this context's events.
         if device.link_watch.is_some() {
-            device.engine.start_thread(device);
+            device.start_engine();
         }
         Ok(ctx)
     }

@@ -11,6 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use rverbs_wire::icrc::ROCE_V2_PORT;
+
 use crate::attr::{
     AtomicCap, DeviceAttr, DeviceCapFlags, Gid, LinkLayer, Mtu, PortAttr, PortCapFlags, PortState,
     PHYS_STATE_DISABLED, PHYS_STATE_LINK_UP,
@@ -20,12 +22,9 @@ use crate::event::AsyncEventType;
 use crate::soft::config::{self, DeviceAddr, DeviceConfig};
 use crate::soft::context::AsyncSource;
 use crate::soft::context::ContextCore;
+use crate::soft::engine::{Engine, EngineLimits, Watch};
 use crate::soft::link::{self, LinkWatch};
 use crate::soft::memory::MrTable;
-use crate::soft::net::Engine;
-
-/// The RoCEv2 UDP destination port.
-pub const ROCE_UDP_PORT: u16 = 4791;
 
 /// IEEE OUI rverbs reports as `vendor_id`: 52:56:45 ("RVE"), a locally
 /// administered OUI (bit 1 of the first octet), so it is no real vendor's —
@@ -206,10 +205,11 @@ pub(crate) struct SoftDevice {
     pub(crate) interface: Option<String>,
     pub(crate) ifindex: u32,
     /// The UDP endpoint, the QP table and progress.
-    pub(crate) engine: Engine,
+    pub(crate) engine: Arc<Engine>,
     disassociated: AtomicBool,
     next_handle: AtomicU64,
-    pub(crate) mrs: MrTable,
+    /// Registered memory (the engine holds it too).
+    pub(crate) mrs: Arc<MrTable>,
     pub(crate) pds: Quota,
     pub(crate) cqs: Quota,
     pub(crate) qps: Quota,
@@ -240,6 +240,14 @@ impl SoftDevice {
         let active_mtu = Mtu::for_link_mtu(link_mtu).unwrap_or(Mtu::Mtu256);
         let node_guid = node_guid_for(local);
         let attr = device_attr(node_guid);
+        let mrs = Arc::new(MrTable::new(attr.max_mr as usize));
+        let limits = EngineLimits {
+            max_mcast_grp: attr.max_mcast_grp,
+            max_mcast_qp_attach: attr.max_mcast_qp_attach,
+        };
+        let ifindex = link.as_ref().map_or(0, |l| l.index);
+        let engine = Engine::new(socket, ifindex, mrs.clone(), limits)
+            .map_err(|e| Error::from_io(Verb::GetDeviceList, &e, "UDP endpoint setup"))?;
         tracing::debug!(%name, %local, link_mtu, "software RoCE device up");
         Ok(Arc::new(SoftDevice {
             name,
@@ -248,12 +256,11 @@ impl SoftDevice {
             node_guid,
             port: port_attr(active_mtu),
             interface: link.as_ref().map(|l| l.name.clone()),
-            ifindex: link.as_ref().map_or(0, |l| l.index),
-            engine: Engine::new(socket, link.as_ref().map_or(0, |l| l.index))
-                .map_err(|e| Error::from_io(Verb::GetDeviceList, &e, "UDP endpoint setup"))?,
+            ifindex,
+            engine: Arc::new(engine),
             disassociated: AtomicBool::new(false),
             next_handle: AtomicU64::new(1),
-            mrs: MrTable::new(attr.max_mr as usize),
+            mrs,
             pds: Quota::new(attr.max_pd),
             cqs: Quota::new(attr.max_cq),
             qps: Quota::new(attr.max_qp),
@@ -371,6 +378,30 @@ impl SoftDevice {
         }
     }
 
+    /// Starts the device's engine thread (once): it then also watches the
+    /// host's address changes for the port, and the device's counters are
+    /// published for `rverbs counters`.
+    pub(crate) fn start_engine(self: &Arc<Self>) {
+        let device = Arc::downgrade(self);
+        let watch = || {
+            let fd = self.link_watch.as_ref()?.fd().try_clone_to_owned().ok()?;
+            Some(Watch {
+                fd,
+                on_ready: Box::new(move || {
+                    if let Some(dev) = device.upgrade() {
+                        if let Some(w) = &dev.link_watch {
+                            w.drain();
+                        }
+                        dev.check_link();
+                    }
+                }),
+            })
+        };
+        if self.engine.start_thread(&self.name, watch) {
+            crate::soft::counters::publish(self);
+        }
+    }
+
     /// Adds a context to those disassociation reaches; false if the device
     /// is gone already. Checked under the list's lock, which disassociation
     /// holds while it marks the device gone, so every context hears of it
@@ -395,7 +426,7 @@ impl SoftDevice {
             }
             list.drain(..).filter_map(|w| w.upgrade()).collect()
         };
-        self.engine.shutdown(self);
+        self.engine.shutdown();
         forget(self);
         for ctx in contexts {
             ctx.device_fatal();
@@ -459,14 +490,14 @@ fn bind_endpoint(addr: DeviceAddr, origin: &str) -> Result<UdpSocket, Error> {
         DeviceAddr::LoopbackAuto => {
             for n in 1..=254u8 {
                 let ip = Ipv4Addr::new(127, 0, 0, n);
-                match UdpSocket::bind((ip, ROCE_UDP_PORT)) {
+                match UdpSocket::bind((ip, ROCE_V2_PORT)) {
                     Ok(s) => return Ok(s),
                     Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
                     Err(e) => {
                         return Err(Error::from_io(
                             verb,
                             &e,
-                            &format!("cannot bind UDP {ip}:{ROCE_UDP_PORT} (is lo up?)"),
+                            &format!("cannot bind UDP {ip}:{ROCE_V2_PORT} (is lo up?)"),
                         ))
                     }
                 }
@@ -475,22 +506,22 @@ fn bind_endpoint(addr: DeviceAddr, origin: &str) -> Result<UdpSocket, Error> {
                 verb,
                 ErrorKind::AddrInUse,
                 format!(
-                    "UDP port {ROCE_UDP_PORT} is taken on every loopback address \
+                    "UDP port {ROCE_V2_PORT} is taken on every loopback address \
                      127.0.0.1-127.0.0.254; set {} to an address of this host",
                     config::ADDR_ENV
                 ),
             ))
         }
-        DeviceAddr::Ip(ip) => UdpSocket::bind((ip, ROCE_UDP_PORT)).map_err(|e| {
+        DeviceAddr::Ip(ip) => UdpSocket::bind((ip, ROCE_V2_PORT)).map_err(|e| {
             let why = match e.kind() {
                 std::io::ErrorKind::AddrInUse => format!(
-                    "UDP {ip}:{ROCE_UDP_PORT} is taken by another process (another rverbs \
+                    "UDP {ip}:{ROCE_V2_PORT} is taken by another process (another rverbs \
                      device or a kernel rxe?); address from {origin}"
                 ),
                 std::io::ErrorKind::AddrNotAvailable => {
                     format!("{ip} is not an address of this host; address from {origin}")
                 }
-                _ => format!("cannot bind UDP {ip}:{ROCE_UDP_PORT}; address from {origin}"),
+                _ => format!("cannot bind UDP {ip}:{ROCE_V2_PORT}; address from {origin}"),
             };
             Error::from_io(verb, &e, &why)
         }),

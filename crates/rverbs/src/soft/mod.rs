@@ -9,15 +9,15 @@
 //! local and remote access through `memory::MrTable`.
 
 pub(crate) mod channel;
-pub mod config;
+pub(crate) mod config;
 pub(crate) mod context;
-pub mod counters;
+pub(crate) mod counters;
 pub(crate) mod cq;
-pub mod device;
+pub(crate) mod device;
+pub(crate) mod engine;
 pub(crate) mod keymap;
 pub(crate) mod link;
 pub(crate) mod memory;
-pub mod net;
 pub(crate) mod notify;
 pub(crate) mod pd;
 pub(crate) mod qp;

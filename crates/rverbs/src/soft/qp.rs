@@ -3,14 +3,17 @@
 //! itself lives in the device's engine, keyed by QP number.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use crate::event::AsyncEventType;
 use crate::qp_attr::{QpAttr, QpCaps, QpType};
 use crate::resources::ResourceKind;
 use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::cq::{CqCore, EventCounts};
+use crate::soft::engine::{CqFull, QpEvents};
 use crate::soft::pd::PdCore;
 use crate::soft::srq::SrqCore;
+use crate::wc::WorkCompletion;
 
 /// One queue pair.
 pub(crate) struct QpCore {
@@ -30,6 +33,8 @@ pub(crate) struct QpCore {
     pub(crate) attr: Mutex<QpAttr>,
     pub(crate) async_events: EventCounts,
     released: AtomicBool,
+    /// Itself, for the async events it posts (their source).
+    me: Weak<QpCore>,
 }
 
 impl QpCore {
@@ -46,7 +51,7 @@ impl QpCore {
         sq_sig_all: bool,
         user_data: u64,
     ) -> Arc<QpCore> {
-        let qp = Arc::new(QpCore {
+        let qp = Arc::new_cyclic(|me| QpCore {
             qpn,
             handle: ctx.device.new_handle(),
             qp_type,
@@ -64,6 +69,7 @@ impl QpCore {
             }),
             async_events: EventCounts::default(),
             released: AtomicBool::new(false),
+            me: me.clone(),
         });
         pd.users.add();
         send_cq.users.add();
@@ -88,8 +94,7 @@ impl QpCore {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        let dev = &self.ctx.device;
-        dev.engine.remove_qp(&dev.mrs, self.qpn);
+        self.ctx.device.engine.remove_qp(self.qpn);
         let me: *const QpCore = self;
         self.ctx
             .async_events
@@ -102,6 +107,31 @@ impl QpCore {
         }
         self.ctx.ledger.remove(ResourceKind::Qp, self.handle);
         self.ctx.device.qps.release();
+    }
+}
+
+/// The engine delivers the QP's completions to its CQs and its events to
+/// its context (SRQ_LIMIT_REACHED to its SRQ's).
+impl QpEvents for QpCore {
+    fn send_completion(&self, wc: WorkCompletion) -> Result<(), CqFull> {
+        self.send_cq.push(wc, false).map_err(|_| CqFull)
+    }
+
+    fn recv_completion(&self, wc: WorkCompletion, solicited: bool) -> Result<(), CqFull> {
+        self.recv_cq.push(wc, solicited).map_err(|_| CqFull)
+    }
+
+    fn qp_event(&self, event: AsyncEventType) {
+        self.ctx.post_async(event, AsyncSource::Qp(self.me.clone()));
+    }
+
+    fn srq_limit_reached(&self) {
+        if let Some(srq) = &self.srq {
+            srq.ctx.post_async(
+                AsyncEventType::SrqLimitReached,
+                AsyncSource::Srq(Arc::downgrade(srq)),
+            );
+        }
     }
 }
 

@@ -121,7 +121,7 @@ impl CompletionQueue {
         }
         // Nothing yet: drive the device's progress on this thread if no one
         // else is, so a busy-polling program needs no second spinning thread.
-        if dev.engine.try_progress(dev, polling, now) {
+        if dev.engine.try_progress(polling, now) {
             return Ok(self.core.poll(wc));
         }
         Ok(0)

@@ -108,7 +108,7 @@ impl Device {
     }
 
     /// Counters of the device's network engine.
-    pub fn net_stats(&self) -> crate::soft::net::NetStats {
+    pub fn net_stats(&self) -> crate::NetStats {
         self.core.engine.stats()
     }
 

@@ -10,10 +10,12 @@ use crate::attr::{AccessFlags, Gid, Mtu};
 use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
 use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpType};
 use crate::soft::device::PORT_NUM;
-use crate::soft::net::{peer_endpoint, AttachError};
+use crate::soft::engine::{
+    peer_endpoint, AttachError, QpChange, RecvRefusal, SendRefusal, SendRequest, TransportConfig,
+};
 use crate::soft::qp::QpCore;
-use crate::soft::transport::rc::{AckPolicy, RcConfig, RcQp};
-use crate::soft::transport::ud::{UdConfig, UdDest, UdQp, UdSendWqe};
+use crate::soft::transport::rc::RcConfig;
+use crate::soft::transport::ud::{UdConfig, UdDest, UdSendWqe};
 use crate::soft::transport::{InlineData, RecvWqe, SendWqe, SgeList, WqeData};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::pd::ProtectionDomain;
@@ -146,7 +148,7 @@ impl<'a> QpBuilder<'a> {
                 format!("device {} has max_qp = {} QPs already", dev.name, a.max_qp),
             ));
         }
-        let core = dev.engine.add_qp(dev, |qpn| {
+        let core = dev.engine.add_qp(c, |qpn| {
             QpCore::new(
                 qpn,
                 self.qp_type,
@@ -160,6 +162,7 @@ impl<'a> QpBuilder<'a> {
                 self.user_data,
             )
         });
+        dev.start_engine();
         Ok(QueuePair { core })
     }
 }
@@ -202,9 +205,7 @@ impl QueuePair {
     /// The current state (the transport moves to ERR on its own on errors).
     pub fn state(&self) -> QpState {
         let dev = &self.core.ctx.device;
-        dev.engine
-            .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| slot.state())
-            .unwrap_or(QpState::Err)
+        dev.engine.qp_state(self.core.qpn).unwrap_or(QpState::Err)
     }
 
     /// Async events (reported, acknowledged) so far.
@@ -261,107 +262,43 @@ impl QueuePair {
             cur.qp_state = to;
             cur
         };
-        let cfg = self.rc_config(&merged);
-        let srq = core.srq.as_ref().map(|s| s.queue.clone());
-        let ud_cfg = UdConfig {
-            qpn: core.qpn,
-            pd: core.pd.handle,
-            qkey: merged.qkey,
-            mtu: dev.port.active_mtu.bytes(),
-            pkey: 0xffff,
-            sq_psn: Psn::new(merged.sq_psn),
+        let config = match core.qp_type {
+            QpType::Ud => TransportConfig::Ud(UdConfig {
+                qpn: core.qpn,
+                pd: core.pd.handle,
+                qkey: merged.qkey,
+                mtu: dev.port.active_mtu.bytes(),
+                pkey: 0xffff,
+                sq_psn: Psn::new(merged.sq_psn),
+            }),
+            _ => TransportConfig::Rc(self.rc_config(&merged)),
         };
-        let peer = peer_endpoint(merged.ah_attr.dgid.to_ip());
-        dev.engine
-            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
-                // The transport may have moved the QP (to ERR) since `from`
-                // was read: the transition checked is then not this one.
-                let now_in = slot.state();
-                if now_in != from && !matches!(to, QpState::Err | QpState::Reset) {
-                    return Err(Error::invalid(
-                        verb,
-                        format!(
-                            "QP {:#x} went from {} to {} meanwhile",
-                            core.qpn,
-                            from.name(),
-                            now_in.name()
-                        ),
-                    ));
-                }
-                if core.qp_type == QpType::Ud {
-                    let notify =
-                        mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify;
-                    match (from, to) {
-                        (_, QpState::Reset) => {
-                            if let Some(ud) = slot.ud.take() {
-                                slot.past_ud.absorb(&ud.counters);
-                            }
-                        }
-                        (QpState::Reset, QpState::Init) => {
-                            slot.ud = Some(UdQp::new(ud_cfg, srq));
-                        }
-                        (_, QpState::Err) => slot
-                            .ud
-                            .get_or_insert_with(|| UdQp::new(ud_cfg, srq))
-                            .enter_error(),
-                        (_, _) => {
-                            if let Some(ud) = slot.ud.as_mut() {
-                                *ud.config_mut() = ud_cfg;
-                                if from != to {
-                                    ud.enter(to, notify);
-                                }
-                            }
-                        }
-                    }
-                    return Ok(());
-                }
-                match (from, to) {
-                    (_, QpState::Reset) => {
-                        if let Some(mut rc) = slot.rc.take() {
-                            rc.return_recv();
-                            slot.past.absorb(&rc.counters);
-                        }
-                        slot.peer = None;
-                    }
-                    (QpState::Reset, QpState::Init) => slot.rc = Some(RcQp::with_srq(cfg, srq)),
-                    (_, QpState::Err) => {
-                        slot.rc
-                            .get_or_insert_with(|| RcQp::with_srq(cfg, srq))
-                            .enter_error();
-                    }
-                    (_, _) => {
-                        let Some(rc) = slot.rc.as_mut() else {
-                            return Ok(());
-                        };
-                        match (from, to) {
-                            (QpState::Init, QpState::Rtr) => {
-                                rc.enter_rtr(cfg);
-                                slot.peer = Some(peer);
-                            }
-                            (QpState::Rtr, QpState::Rts) => rc.enter_rts(cfg),
-                            (_, QpState::Sqd) => {
-                                *rc.config_mut() = cfg;
-                                if from != QpState::Sqd {
-                                    // SQ_DRAINED is asked for per transition.
-                                    let notify = mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY)
-                                        && attr.en_sqd_async_notify;
-                                    rc.set_sq_drain(true, notify);
-                                }
-                                if mask.contains(QpAttrMask::AV) {
-                                    slot.peer = Some(peer);
-                                }
-                            }
-                            (QpState::Sqd, QpState::Rts) => {
-                                *rc.config_mut() = cfg;
-                                rc.set_sq_drain(false, false);
-                            }
-                            _ => *rc.config_mut() = cfg,
-                        }
-                    }
-                }
-                Ok(())
-            })
-            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))?;
+        let change = QpChange {
+            from,
+            to,
+            config,
+            srq: core.srq.as_ref().map(|s| s.queue.clone()),
+            peer: peer_endpoint(merged.ah_attr.dgid.to_ip()),
+            sets_av: mask.contains(QpAttrMask::AV),
+            sqd_notify: mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify,
+        };
+        match dev.engine.modify_qp(core.qpn, change) {
+            None => return Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
+            // The transport moved the QP (to ERR) since `from` was read:
+            // the transition checked is then not this one.
+            Some(Err(now_in)) => {
+                return Err(Error::invalid(
+                    verb,
+                    format!(
+                        "QP {:#x} went from {} to {} meanwhile",
+                        core.qpn,
+                        from.name(),
+                        now_in.name()
+                    ),
+                ))
+            }
+            Some(Ok(())) => {}
+        }
         *core.attr() = merged;
         Ok(())
     }
@@ -493,12 +430,7 @@ impl QueuePair {
         let dev = &self.core.ctx.device;
         let (state, draining) = dev
             .engine
-            .with_qp(dev, AckPolicy::Hold, self.core.qpn, |slot| {
-                let state = slot.state();
-                let draining = slot.rc.as_ref().is_some_and(RcQp::sq_draining)
-                    || slot.ud.as_ref().is_some_and(UdQp::sq_draining);
-                (state, state == QpState::Sqd && draining)
-            })
+            .query_qp(self.core.qpn)
             .unwrap_or((QpState::Err, false));
         let mut attr = *self.core.attr();
         attr.qp_state = state;
@@ -532,61 +464,52 @@ impl QueuePair {
     fn post_sends(&self, wrs: &[SendWr<'_>], all: bool) -> Result<()> {
         let verb = Verb::PostSend;
         let core = &self.core;
-        let dev = &core.ctx.device;
         let caps = core.caps;
-        dev.engine
-            .with_qp(dev, AckPolicy::Now, core.qpn, |slot| {
-                let state = slot.state();
-                // All or none: the WRs checked, waiting to be posted, and
-                // the PSNs they take.
-                let mut ready: Vec<Prepared> = Vec::new();
-                let mut ahead = 0u32;
-                for (index, wr) in wrs.iter().enumerate() {
-                    let queued = match (&slot.rc, &slot.ud) {
-                        (Some(rc), _) => Some(rc.sq_len()),
-                        (None, Some(ud)) => Some(ud.sq_len()),
-                        (None, None) => None,
-                    }
-                    .map(|n| n + ready.len());
-                    let prepared = send_queue_room(core.qpn, state, queued, caps).and_then(|()| {
-                        match (&slot.rc, &slot.ud) {
-                            (Some(rc), _) => self.prepare_rc(rc, wr, ahead),
-                            (None, Some(_)) => self.prepare_ud(wr),
-                            (None, None) => {
-                                Err((ErrorKind::InvalidArgument, "QP is in RESET".into()))
-                            }
-                        }
-                    });
-                    let (wqe, pkts) = match prepared {
-                        Ok(p) => p,
-                        Err((kind, msg)) => {
-                            return Err(Error::new(verb, kind, msg)
-                                .with_detail(ErrorDetail::BadWr { index }))
-                        }
-                    };
-                    if all {
-                        ahead = ahead.saturating_add(pkts);
-                        ready.push(wqe);
-                    } else {
-                        wqe.post(slot);
-                    }
-                }
-                for wqe in ready {
-                    wqe.post(slot);
-                }
-                Ok(())
-            })
-            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
+        // Each WR's arguments are checked as the engine comes to it, after
+        // its checks of the QP's state and room.
+        let reqs = wrs.iter().map(|wr| match core.qp_type {
+            QpType::Ud => self.prepare_ud(wr),
+            _ => self.prepare_rc(wr),
+        });
+        let refused = match core.ctx.device.engine.post_send(core.qpn, reqs, all) {
+            None => return Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
+            Some(Ok(())) => return Ok(()),
+            Some(Err(refused)) => refused,
+        };
+        let (index, why) = refused;
+        let (kind, msg) = match why {
+            SendRefusal::NotReady(state) => (
+                ErrorKind::InvalidArgument,
+                format!(
+                    "QP {:#x} is in {}; send WRs need RTS",
+                    core.qpn,
+                    state.name()
+                ),
+            ),
+            SendRefusal::QueueFull => (
+                ErrorKind::OutOfMemory,
+                format!("send queue full ({} WRs)", caps.max_send_wr),
+            ),
+            SendRefusal::TooManyInFlight => (
+                ErrorKind::OutOfMemory,
+                "the send WRs posted and not yet completed span 2^23 packets; \
+                 poll completions first"
+                    .into(),
+            ),
+            SendRefusal::MessageTooLong(length) => (
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a message of {length} bytes needs more than 2^23 packets at this path MTU"
+                ),
+            ),
+            SendRefusal::Invalid((kind, msg)) => (kind, msg),
+        };
+        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
     }
 
-    /// Checks an RC or UC send WR (`ahead`: PSNs of the WRs checked before
-    /// it in an all-or-none batch) and makes its WQE, with the PSNs it takes.
-    fn prepare_rc(
-        &self,
-        rc: &RcQp,
-        wr: &SendWr<'_>,
-        ahead: u32,
-    ) -> std::result::Result<(Prepared, u32), (ErrorKind, String)> {
+    /// Checks an RC or UC send WR's arguments and makes its WQE (the engine
+    /// checks the PSNs it takes).
+    fn prepare_rc(&self, wr: &SendWr<'_>) -> std::result::Result<SendRequest, (ErrorKind, String)> {
         let core = &self.core;
         let bad = |msg: String| Err((ErrorKind::InvalidArgument, msg));
         let is_rd_atomic = matches!(
@@ -616,25 +539,7 @@ impl QueuePair {
                 "an atomic needs an 8-byte local buffer, not {length} bytes"
             ));
         }
-        match rc.psn_room_after(&wr.opcode, length as u32, ahead) {
-            Ok(()) => {}
-            Err(true) => {
-                return Err((
-                    ErrorKind::OutOfMemory,
-                    "the send WRs posted and not yet completed span 2^23 packets; \
-                     poll completions first"
-                        .into(),
-                ))
-            }
-            Err(false) => {
-                return bad(format!(
-                    "a message of {length} bytes needs more than 2^23 packets at this path MTU"
-                ))
-            }
-        }
-        let wqe = self.send_wqe(wr, data, length as u32);
-        let pkts = rc.packets_of(&wqe.op, wqe.length);
-        Ok((Prepared::Rc(wqe), pkts))
+        Ok(SendRequest::Rc(self.send_wqe(wr, data, length as u32)))
     }
 
     /// The WQE of checked send WR `wr` carrying `data` (`length` bytes):
@@ -654,10 +559,7 @@ impl QueuePair {
     /// Checks a UD send — SEND or SEND with immediate, to the QP its
     /// [`UdAddress`](crate::UdAddress) names, at most the port's MTU — and
     /// makes its WQE.
-    fn prepare_ud(
-        &self,
-        wr: &SendWr<'_>,
-    ) -> std::result::Result<(Prepared, u32), (ErrorKind, String)> {
+    fn prepare_ud(&self, wr: &SendWr<'_>) -> std::result::Result<SendRequest, (ErrorKind, String)> {
         let core = &self.core;
         let mtu = core.ctx.device.port.active_mtu.bytes();
         let bad = |msg: String| Err((ErrorKind::InvalidArgument, msg));
@@ -698,7 +600,7 @@ impl QueuePair {
                 qkey: to.remote_qkey,
             },
         };
-        Ok((Prepared::Ud(wqe), 1))
+        Ok(SendRequest::Ud(wqe))
     }
 
     /// Posts one receive WR (`ibv_post_recv`).
@@ -714,63 +616,53 @@ impl QueuePair {
         let core = &self.core;
         let dev = &core.ctx.device;
         let caps = core.caps;
-        dev.engine
-            .with_qp(dev, AckPolicy::Hold, core.qpn, |slot| {
-                for (index, wr) in wrs.iter().enumerate() {
-                    let fail = |kind, msg: String| {
-                        Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
-                    };
-                    if core.srq.is_some() {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "QP {:#x} takes its receive WRs from an SRQ: post them there",
-                                core.qpn
-                            ),
-                        );
-                    }
-                    let queued = match (&slot.rc, &slot.ud) {
-                        (Some(rc), _) => rc.rq_len(),
-                        (None, Some(ud)) => ud.rq_len(),
-                        (None, None) => {
-                            return fail(
-                                ErrorKind::InvalidArgument,
-                                format!("QP {:#x} is in RESET", core.qpn),
-                            )
-                        }
-                    };
-                    if queued >= caps.max_recv_wr as usize {
-                        return fail(
-                            ErrorKind::OutOfMemory,
-                            format!("receive queue full ({} WRs)", caps.max_recv_wr),
-                        );
-                    }
-                    if wr.sg_list.len() > caps.max_recv_sge as usize {
-                        return fail(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "{} SGEs exceed max_recv_sge {}",
-                                wr.sg_list.len(),
-                                caps.max_recv_sge
-                            ),
-                        );
-                    }
-                    let length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-                    let wqe = RecvWqe {
-                        wr_id: wr.wr_id,
-                        sges: SgeList::from_slice(wr.sg_list),
-                        length,
-                        pd: core.pd.handle,
-                    };
-                    match (slot.rc.as_mut(), slot.ud.as_mut()) {
-                        (Some(rc), _) => rc.post_recv(wqe),
-                        (None, Some(ud)) => ud.post_recv(wqe),
-                        (None, None) => {}
-                    }
-                }
-                Ok(())
+        let fail = |index, kind, msg: String| {
+            Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
+        };
+        if core.srq.is_some() && !wrs.is_empty() {
+            return fail(
+                0,
+                ErrorKind::InvalidArgument,
+                format!(
+                    "QP {:#x} takes its receive WRs from an SRQ: post them there",
+                    core.qpn
+                ),
+            );
+        }
+        // Each WR's arguments are checked as the engine comes to it, after
+        // its checks of the QP's state and room.
+        let reqs = wrs.iter().map(|wr| {
+            if wr.sg_list.len() > caps.max_recv_sge as usize {
+                return Err(format!(
+                    "{} SGEs exceed max_recv_sge {}",
+                    wr.sg_list.len(),
+                    caps.max_recv_sge
+                ));
+            }
+            Ok(RecvWqe {
+                wr_id: wr.wr_id,
+                sges: SgeList::from_slice(wr.sg_list),
+                length: wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
+                pd: core.pd.handle,
             })
-            .unwrap_or_else(|| Err(Error::new(verb, ErrorKind::Io, "QP is gone")))
+        });
+        match dev.engine.post_recv(core.qpn, reqs) {
+            None => Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
+            Some(Ok(())) => Ok(()),
+            Some(Err((index, why))) => match why {
+                RecvRefusal::QueueFull => fail(
+                    index,
+                    ErrorKind::OutOfMemory,
+                    format!("receive queue full ({} WRs)", caps.max_recv_wr),
+                ),
+                RecvRefusal::Invalid(msg) => fail(index, ErrorKind::InvalidArgument, msg),
+                RecvRefusal::Reset => fail(
+                    index,
+                    ErrorKind::InvalidArgument,
+                    format!("QP {:#x} is in RESET", core.qpn),
+                ),
+            },
+        }
     }
 
     /// Destroys the QP (`ibv_destroy_qp`). Fails with EBUSY, handing the QP
@@ -882,7 +774,7 @@ impl QueuePair {
         let group = self.check_mcast(verb, mgid)?;
         let dev = &self.core.ctx.device;
         dev.engine
-            .attach_mcast(dev, self.core.qpn, group)
+            .attach_mcast(self.core.qpn, group)
             .map_err(|e| match e {
                 AttachError::TooManyGroups => Error::new(
                     verb,
@@ -966,48 +858,6 @@ impl QueuePair {
     pub fn path_mtu(&self) -> Mtu {
         self.core.attr().path_mtu
     }
-}
-
-/// Whether a send WR may be queued: EINVAL before RTS (or in RESET, with
-/// no transport: `queued` is `None`), ENOMEM when `max_send_wr` WRs wait.
-/// A checked send WR, ready for its QP's transport.
-enum Prepared {
-    Rc(SendWqe),
-    Ud(UdSendWqe),
-}
-
-impl Prepared {
-    /// Queues it on the QP's transport.
-    fn post(self, slot: &mut crate::soft::net::QpSlot) {
-        match (self, slot.rc.as_mut(), slot.ud.as_mut()) {
-            (Prepared::Rc(w), Some(rc), _) => rc.post_send(w),
-            (Prepared::Ud(w), _, Some(ud)) => ud.post_send(w),
-            _ => {}
-        }
-    }
-}
-
-fn send_queue_room(
-    qpn: u32,
-    state: QpState,
-    queued: Option<usize>,
-    caps: QpCaps,
-) -> std::result::Result<(), (ErrorKind, String)> {
-    let Some(queued) =
-        queued.filter(|_| !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr))
-    else {
-        return Err((
-            ErrorKind::InvalidArgument,
-            format!("QP {qpn:#x} is in {}; send WRs need RTS", state.name()),
-        ));
-    };
-    if queued >= caps.max_send_wr as usize {
-        return Err((
-            ErrorKind::OutOfMemory,
-            format!("send queue full ({} WRs)", caps.max_send_wr),
-        ));
-    }
-    Ok(())
 }
 
 /// A send WR's data as the QP keeps it, and its length; an error message

@@ -13,9 +13,6 @@ pub(crate) mod recv;
 mod sim;
 pub(crate) mod ud;
 
-use std::net::{IpAddr, SocketAddr};
-
-use rverbs_wire::icrc::{self, Ipv4Header, Ipv6Header};
 use smallvec::SmallVec;
 
 use crate::attr::AccessFlags;
@@ -228,50 +225,6 @@ pub(crate) struct RecvWqe {
     pub(crate) length: u64,
     /// The PD its lkeys are checked against: the QP's, or its SRQ's.
     pub(crate) pd: u64,
-}
-
-/// The IP and UDP headers of a packet between `src` and `dst` as Linux
-/// writes them for an unconnected DF socket: IPv4 ID 0 — or, for segment k
-/// of a UDP GSO batch, ID k.
-pub(crate) fn headers(
-    src: SocketAddr,
-    dst: SocketAddr,
-    roce_len: usize,
-    id: u16,
-) -> ([u8; 40], usize, [u8; 8]) {
-    let udp_len = (roce_len + 8) as u16;
-    let udp = icrc::udp_header(src.port(), dst.port(), udp_len);
-    let mut ip = [0u8; 40];
-    let ip_len = match (src.ip(), dst.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = Ipv4Header {
-                src: s,
-                dst: d,
-                id,
-                dont_fragment: true,
-                tos: 0,
-                ttl: 64,
-            };
-            ip[..20].copy_from_slice(&h.to_bytes(udp_len));
-            20
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V6(v) => v,
-                IpAddr::V4(v) => v.to_ipv6_mapped(),
-            };
-            let h = Ipv6Header {
-                src: v6(s),
-                dst: v6(d),
-                traffic_class: 0,
-                flow_label: 0,
-                hop_limit: 64,
-            };
-            ip.copy_from_slice(&h.to_bytes(udp_len));
-            40
-        }
-    };
-    (ip, ip_len, udp)
 }
 
 /// The completion of a receive WR flushed by a QP in ERR.

@@ -380,14 +380,15 @@ impl UdQp {
 /// senders use, not read from the packet (the socket does not report them).
 pub(crate) fn grh_bytes(src: IpAddr, dst: IpAddr, roce_len: usize) -> [u8; GRH_LEN] {
     let port = rverbs_wire::icrc::ROCE_V2_PORT;
-    let (ip, ip_len, _) = super::headers(
+    let headers = rverbs_wire::icrc::IpUdpHeaders::linux(
         SocketAddr::new(src, port),
         SocketAddr::new(dst, port),
         roce_len,
         0,
     );
+    let ip = headers.ip();
     let mut grh = [0u8; GRH_LEN];
     // IPv4: the header in the last 20 bytes; IPv6: the whole 40.
-    grh[GRH_LEN - ip_len..].copy_from_slice(&ip[..ip_len]);
+    grh[GRH_LEN - ip.len()..].copy_from_slice(ip);
     grh
 }

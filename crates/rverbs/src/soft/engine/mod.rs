@@ -1,0 +1,574 @@
+//! The device's network engine: its UDP socket, the QP table, and progress
+//! — one file per job:
+//! - here: the engine's lifecycle (create, add and remove QPs, shut down),
+//!   its front door for the verbs (`modify_qp`, `post_send`, `post_recv`,
+//!   `qp_state` …), and who makes progress when;
+//! - `slot`: a QP as the engine holds it, and where its events go;
+//! - `rx` and `tx`: receiving and transmitting packets;
+//! - `thread`: the engine thread;
+//! - `multicast`: UD multicast groups;
+//! - `stats`: the counters.
+//!
+//! The engine knows the MR table, its socket, its limits and its
+//! addresses, and nothing of the device or the objects above it: a QP's
+//! completions and events go out through its [`QpEvents`].
+//!
+//! All transport state sits behind one lock. Whoever holds it makes
+//! progress — receive a batch of datagrams, run due timers, transmit what
+//! QPs owe, hand completions to CQs and events to contexts:
+//! - a thread posting work transmits it at once on its own thread;
+//! - a thread polling an empty CQ drives progress itself when the lock is
+//!   free (so a busy-polling application needs no second spinning thread);
+//! - the engine thread sleeps in `ppoll(2)` on the socket and a wake-up
+//!   eventfd, with the earliest timer as timeout, so an idle device costs no
+//!   CPU;
+//! - while an application thread busy-polls a CQ, the engine thread leaves
+//!   the socket to it (watching only timers and its wake-up), so the two do
+//!   not fight over the lock; it takes the socket back once the polling
+//!   stops for `BUSY_POLL_GRACE` or the application arms a CQ to sleep.
+//!
+//! Every packet carries an ICRC computed for the IP header Linux will write
+//! (`IpUdpHeaders::linux`): the socket is unconnected with Don't Fragment
+//! set, so the IPv4 ID is 0, or k for segment k of a GSO send. Received
+//! packets are checked for that header first; for other senders the ID is
+//! solved for (`rx`).
+
+mod multicast;
+mod rx;
+mod slot;
+mod stats;
+mod thread;
+mod tx;
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::socket::{setsockopt, sockopt};
+use rverbs_wire::icrc::{Ipv4IdSolver, ROCE_V2_PORT};
+
+use crate::qp_attr::QpCaps;
+use crate::soft::keymap::KeyMap;
+use crate::soft::memory::MrTable;
+use crate::soft::sys;
+use crate::soft::transport::rc::{AckPolicy, RcQp};
+use crate::soft::transport::ud::MULTICAST_QPN;
+use crate::soft::transport::{PayloadRef, RecvWqe};
+use crate::wr::QpState;
+
+pub(crate) use multicast::AttachError;
+use multicast::McastGroup;
+use rx::Received;
+use slot::QpSlot;
+pub(crate) use slot::{
+    CqFull, QpChange, QpEvents, RecvRefusal, Refused, SendRefusal, SendRequest, TransportConfig,
+};
+pub use stats::NetStats;
+pub(crate) use thread::Watch;
+use tx::TxPacket;
+
+/// Largest RoCE packet the engine builds: headers, a 4096-byte MTU, pad, ICRC.
+const MAX_PACKET: usize = 4096 + 128;
+/// Bytes of one receive: the largest GRO batch (a UDP datagram's limit).
+const RX_BUFFER: usize = 64 * 1024;
+/// Datagrams (or GRO batches) received per pass before timers and
+/// transmission get a turn.
+const RX_BUDGET: usize = 64;
+/// Largest UDP payload one send (a GSO batch) may carry.
+const MAX_BATCH_BYTES: usize = 65_000;
+/// The transmit buffer: room for a few full batches, so one system call
+/// can send them all (payloads from MRs leave their room unwritten).
+const TX_BUFFER: usize = 4 * (MAX_BATCH_BYTES + MAX_PACKET);
+/// Most packets one QP sends in one pass; the rest waits for the next.
+const FLUSH_BUDGET: usize = 256;
+/// Most segments in one GSO send.
+const MAX_BATCH_SEGMENTS: usize = 64;
+/// Socket buffer sizes asked for (more with the privilege to force them;
+/// without it the kernel caps them at net.core.rmem_max / wmem_max).
+const SOCKET_BUFFER: usize = 4 << 20;
+const SOCKET_BUFFER_FORCED: usize = 16 << 20;
+/// How long the engine thread keeps polling the socket after it last
+/// received something, before it sleeps.
+const RX_SPIN: Duration = Duration::from_micros(50);
+/// How long after an application's last poll of an empty CQ the engine
+/// thread keeps off the socket.
+const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
+
+/// What the device allows the engine.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EngineLimits {
+    /// Multicast groups the device may join (`max_mcast_grp`).
+    pub(crate) max_mcast_grp: u32,
+    /// QPs one group may have attached (`max_mcast_qp_attach`).
+    pub(crate) max_mcast_qp_attach: u32,
+}
+
+struct State {
+    socket: Option<UdpSocket>,
+    groups: Vec<McastGroup>,
+    local: SocketAddr,
+    qps: KeyMap<QpSlot>,
+    next_qpn: u32,
+    /// QPs that may owe packets or events.
+    dirty: Vec<u32>,
+    /// Every QP's next timer (or an earlier time), earliest first: finding
+    /// what is due, or when to wake, costs no scan of all QPs.
+    timers: BTreeSet<(Instant, u32)>,
+    /// QPs that held an ACK back in a flush (they may hold it still).
+    held_acks: Vec<u32>,
+    stats: NetStats,
+    /// Finds the IPv4 ID of packets from senders that number theirs.
+    id_solver: Ipv4IdSolver,
+    rx: Vec<u8>,
+    /// A second receive buffer, for while `rx_left` holds the first.
+    rx_spare: Vec<u8>,
+    /// Segments of a received batch not handled yet.
+    rx_left: Option<Received>,
+    tx: Vec<u8>,
+    /// Payloads of the batch being built that go straight from MRs.
+    tx_refs: Vec<PayloadRef>,
+    /// Packets of the batch being built.
+    tx_pkts: Vec<TxPacket>,
+    /// The kernel takes UDP GSO sends (cleared on the first refusal).
+    gso: bool,
+    /// When the engine thread will wake up by itself (`None`: never).
+    thread_wakes_at: Option<Instant>,
+}
+
+/// The network engine of one device.
+pub(crate) struct Engine {
+    state: Mutex<State>,
+    waker: EventFd,
+    thread_started: AtomicBool,
+    stopped: AtomicBool,
+    /// Registered memory, which every access goes through.
+    mrs: Arc<MrTable>,
+    /// What the device allows (multicast groups and attachments).
+    limits: EngineLimits,
+    /// The interface the socket's address is on (0: unknown).
+    ifindex: u32,
+    /// The receive buffer the kernel gave the socket, in bytes.
+    rx_buffer: usize,
+    /// Time base of `busy_poll_until`.
+    epoch: Instant,
+    /// Until when (nanoseconds after `epoch`) an application thread counts
+    /// as busy-polling: the engine thread then leaves the socket alone.
+    busy_poll_until: AtomicU64,
+    /// The engine thread sleeps without watching the socket.
+    thread_off_socket: AtomicBool,
+    /// Threads blocked waiting for `state`.
+    waiting: AtomicUsize,
+    /// Bumped whenever the set of multicast sockets changes (the engine
+    /// thread then polls the new set).
+    groups_changed: AtomicU64,
+}
+
+impl Engine {
+    /// An engine on a bound socket, whose address is on interface
+    /// `ifindex` (0: unknown), reaching registered memory through `mrs`;
+    /// the thread starts when the device asks
+    /// ([`start_thread`](Self::start_thread)).
+    pub(crate) fn new(
+        socket: UdpSocket,
+        ifindex: u32,
+        mrs: Arc<MrTable>,
+        limits: EngineLimits,
+    ) -> io::Result<Engine> {
+        socket.set_nonblocking(true)?;
+        let local = socket.local_addr()?;
+        sys::set_dont_fragment(&socket, local.is_ipv6())?;
+        // Multicast sends leave by the device's interface, not the default
+        // route's (best effort: unicast does not depend on it).
+        let _ = match local.ip() {
+            IpAddr::V4(v4) => sys::set_multicast_if_v4(&socket, v4),
+            IpAddr::V6(_) if ifindex != 0 => sys::set_multicast_if_v6(&socket, ifindex),
+            IpAddr::V6(_) => Ok(()),
+        };
+        // Room for bursts: each QP may have a window of packets in flight
+        // before the receiver drains its socket.
+        // RVERBS_SOCKET_BUFFER (bytes) overrides the sizes, to tune a host
+        // or to try the data path with a small stock buffer.
+        let wanted = std::env::var("RVERBS_SOCKET_BUFFER")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        let (forced, asked) = match wanted {
+            Some(n) => (n, n),
+            None => (SOCKET_BUFFER_FORCED, SOCKET_BUFFER),
+        };
+        if setsockopt(&socket, sockopt::RcvBufForce, &forced).is_err() {
+            let _ = setsockopt(&socket, sockopt::RcvBuf, &asked);
+        }
+        if setsockopt(&socket, sockopt::SndBufForce, &forced).is_err() {
+            let _ = setsockopt(&socket, sockopt::SndBuf, &asked);
+        }
+        let rx_buffer =
+            nix::sys::socket::getsockopt(&socket, sockopt::RcvBuf).unwrap_or(SOCKET_BUFFER);
+        // RVERBS_GSO=0 sends one datagram per packet (up to eight per
+        // sendmmsg): for a capture that shows one packet per send, or a
+        // kernel whose GSO misbehaves. The engine also falls back to that
+        // by itself when the kernel refuses a GSO send.
+        let gso = std::env::var("RVERBS_GSO").map_or(true, |v| v.trim() != "0");
+        // GRO: take a batch of equal-sized datagrams in one receive.
+        let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
+        let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        let start = (getrandom::u32().unwrap_or(0x5a5a) & 0x00ff_ffff).max(2);
+        Ok(Engine {
+            state: Mutex::new(State {
+                socket: Some(socket),
+                groups: Vec::new(),
+                local,
+                qps: KeyMap::default(),
+                next_qpn: start,
+                dirty: Vec::new(),
+                timers: BTreeSet::new(),
+                held_acks: Vec::new(),
+                stats: NetStats::default(),
+                id_solver: Ipv4IdSolver::new(),
+                rx: vec![0u8; RX_BUFFER],
+                rx_spare: Vec::new(),
+                rx_left: None,
+                tx: vec![0u8; TX_BUFFER],
+                tx_refs: Vec::new(),
+                tx_pkts: Vec::new(),
+                gso,
+                thread_wakes_at: None,
+            }),
+            waker,
+            mrs,
+            limits,
+            ifindex,
+            thread_started: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            rx_buffer,
+            epoch: Instant::now(),
+            busy_poll_until: AtomicU64::new(0),
+            thread_off_socket: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            groups_changed: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        if let Ok(st) = self.state.try_lock() {
+            return st;
+        }
+        // Let a spinning engine thread see someone waits (it steps back).
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        st
+    }
+
+    /// Most packets of `mtu` bytes one QP should have in flight: half of
+    /// what our receive buffer holds (the kernel charges about twice the
+    /// payload per packet), assuming the peer's is like ours — a stock
+    /// 208 KiB buffer gets a window of ~25 packets at 4 KiB instead of
+    /// overflowing and paying for it in timeouts.
+    pub(crate) fn window_limit(&self, mtu: u32) -> u32 {
+        let per_packet = 2 * (mtu as usize + 64);
+        u32::try_from(self.rx_buffer / per_packet).unwrap_or(u32::MAX)
+    }
+
+    /// The engine's counters.
+    pub(crate) fn stats(&self) -> NetStats {
+        let st = self.lock();
+        let mut stats = st.stats;
+        for slot in st.qps.values() {
+            slot.add_counters(&mut stats);
+        }
+        stats
+    }
+
+    /// Puts a QP on the wire (in RESET) under a fresh QP number: 24 bits,
+    /// never 0 or 1, unique on the device, not reused until the counter
+    /// wraps. `make` builds the QP's object from its number; its
+    /// completions and events go there. `caps` bounds its queues.
+    pub(crate) fn add_qp<Q: QpEvents + 'static>(
+        &self,
+        caps: QpCaps,
+        make: impl FnOnce(u32) -> Arc<Q>,
+    ) -> Arc<Q> {
+        let mut st = self.lock();
+        let qpn = loop {
+            let n = st.next_qpn;
+            st.next_qpn = (n + 1) & 0x00ff_ffff;
+            // 0 and 1 are special QPs, 0xFFFFFF the multicast QPN.
+            if n >= 2 && n != MULTICAST_QPN && !st.qps.contains_key(&n) {
+                break n;
+            }
+        };
+        let qp = make(qpn);
+        let events: Arc<dyn QpEvents> = qp.clone();
+        st.qps
+            .insert(qpn, QpSlot::new(events, caps.max_send_wr, caps.max_recv_wr));
+        qp
+    }
+
+    /// Takes a QP off the wire; its outstanding work is dropped unreported,
+    /// as destroying a QP does. An ACK it still holds back goes out first:
+    /// a NIC would have acknowledged the last message before the program
+    /// even saw it, and a peer left without that ACK retries until it gives
+    /// up (RETRY_EXC_ERR).
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        let mut st = self.lock();
+        if st
+            .qps
+            .get(&qpn)
+            .and_then(QpSlot::rc)
+            .is_some_and(RcQp::holds_ack)
+        {
+            mark_dirty(&mut st, qpn);
+            tx::flush(&mut st, &self.mrs, Instant::now(), AckPolicy::Now);
+        }
+        if multicast::detach(&mut st, qpn, None) {
+            self.groups_changed.fetch_add(1, Ordering::SeqCst);
+            // The engine thread's copy of a closed group's socket keeps the
+            // membership until it looks again.
+            let _ = self.waker.write(1);
+        }
+        if let Some(slot) = st.qps.remove(&qpn) {
+            if let Some(d) = slot.deadline {
+                st.timers.remove(&(d, qpn));
+            }
+            let mut slot = slot;
+            slot.reset();
+            slot.add_counters(&mut st.stats);
+        }
+    }
+
+    /// Runs `f` on QP `qpn`'s slot, then transmits what it owes and
+    /// delivers its completions, on the caller's thread. A verb that sends
+    /// nothing itself (post_recv, query) holds plain ACKs back with `acks`,
+    /// so they leave with the next post_send. `None`: no such QP.
+    fn with_slot<R>(
+        &self,
+        acks: AckPolicy,
+        qpn: u32,
+        f: impl FnOnce(&mut QpSlot) -> R,
+    ) -> Option<R> {
+        let mut st = self.lock();
+        let slot = st.qps.get_mut(&qpn)?;
+        let r = f(slot);
+        mark_dirty(&mut st, qpn);
+        let now = Instant::now();
+        tx::flush(&mut st, &self.mrs, now, acks);
+        self.wake_if_earlier(&st, now);
+        Some(r)
+    }
+
+    /// The state QP `qpn` is in (`None`: no such QP).
+    pub(crate) fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.with_slot(AckPolicy::Hold, qpn, |slot| slot.state())
+    }
+
+    /// The state QP `qpn` is in, and whether it is in SQD with its send
+    /// queue still draining (`ibv_query_qp`'s `sq_draining`).
+    pub(crate) fn query_qp(&self, qpn: u32) -> Option<(QpState, bool)> {
+        self.with_slot(AckPolicy::Hold, qpn, |slot| {
+            let state = slot.state();
+            (state, state == QpState::Sqd && slot.sq_draining())
+        })
+    }
+
+    /// Applies a checked transition to QP `qpn` (`ibv_modify_qp`); what it
+    /// owes afterwards (a flush's completions, say) goes at once. `Err`
+    /// with the QP's state if the transport moved it since the transition
+    /// was checked.
+    pub(crate) fn modify_qp(&self, qpn: u32, change: QpChange) -> Option<Result<(), QpState>> {
+        self.with_slot(AckPolicy::Now, qpn, |slot| slot.apply(change))
+    }
+
+    /// Queues send WRs on QP `qpn` in order and transmits at once on the
+    /// caller's thread. Each WR is checked for the QP's state and room
+    /// before the verbs layer's verdict on its arguments (`reqs` is read
+    /// one WR at a time), and an RC/UC one for the PSNs it takes; with
+    /// `all`, none is queued unless every one passes.
+    pub(crate) fn post_send<E>(
+        &self,
+        qpn: u32,
+        reqs: impl IntoIterator<Item = Result<SendRequest, E>>,
+        all: bool,
+    ) -> Option<Result<(), Refused<SendRefusal<E>>>> {
+        self.with_slot(AckPolicy::Now, qpn, |slot| slot.post_send(reqs, all))
+    }
+
+    /// Queues receive WRs on QP `qpn` in order, each checked for the QP's
+    /// state and room before the verbs layer's verdict.
+    pub(crate) fn post_recv<E>(
+        &self,
+        qpn: u32,
+        reqs: impl IntoIterator<Item = Result<RecvWqe, E>>,
+    ) -> Option<Result<(), Refused<RecvRefusal<E>>>> {
+        self.with_slot(AckPolicy::Hold, qpn, |slot| slot.post_recv(reqs))
+    }
+
+    /// An application thread busy-polls a CQ: for [`BUSY_POLL_GRACE`] the
+    /// engine thread leaves the socket and the timers to it.
+    pub(crate) fn note_busy_poll(&self, now: Instant) {
+        let until = self.nanos_at(now + BUSY_POLL_GRACE);
+        self.busy_poll_until.store(until, Ordering::SeqCst);
+    }
+
+    /// Makes progress if no one else is: for a thread that polls an empty
+    /// CQ. A `busy` poller (see [`note_busy_poll`](Self::note_busy_poll))
+    /// stops receiving at its first completion and holds ACKs back; one
+    /// about to sleep on an armed CQ makes a full pass.
+    pub(crate) fn try_progress(&self, busy: bool, now: Instant) -> bool {
+        let driver = if busy { Driver::Poller } else { Driver::Engine };
+        match self.state.try_lock() {
+            Ok(mut st) => {
+                progress(&mut st, &self.mrs, now, driver);
+                self.wake_if_earlier(&st, now);
+                true
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                let mut st = p.into_inner();
+                progress(&mut st, &self.mrs, now, driver);
+                self.wake_if_earlier(&st, now);
+                true
+            }
+            Err(TryLockError::WouldBlock) => false,
+        }
+    }
+
+    /// An application thread is about to sleep on a completion channel:
+    /// the engine thread must watch the socket again, now.
+    pub(crate) fn app_will_sleep(&self) {
+        self.busy_poll_until.store(0, Ordering::SeqCst);
+        if self.thread_off_socket.load(Ordering::SeqCst) {
+            let _ = self.waker.write(1);
+        }
+    }
+
+    fn nanos_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Until when an application thread busy-polls, if it does now.
+    fn busy_polled_until(&self, now: Instant) -> Option<Instant> {
+        let until = self.busy_poll_until.load(Ordering::SeqCst);
+        let until = self.epoch + Duration::from_nanos(until);
+        (until > now).then_some(until)
+    }
+
+    /// Wakes the engine thread if a timer now falls before it would wake.
+    fn wake_if_earlier(&self, st: &State, now: Instant) {
+        if st.thread_wakes_at.is_some_and(|t| t <= now)
+            || self.thread_off_socket.load(Ordering::SeqCst)
+        {
+            // Awake, waking anyway, or asleep only until a busy poller's
+            // grace ends (it looks at the timers then; meanwhile the poller
+            // runs them, and one about to sleep wakes it: app_will_sleep).
+            // A busy poller alone is no reason to skip: it may post, arm a
+            // CQ and sleep while the thread sleeps on a stale deadline.
+            return;
+        }
+        let next = next_deadline(st);
+        let earlier = match (next, st.thread_wakes_at) {
+            (Some(n), Some(t)) => n < t,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if earlier && self.thread_started.load(Ordering::Acquire) {
+            let _ = self.waker.write(1);
+        }
+    }
+
+    /// Device gone: every QP goes to ERR (flushing its work), the socket
+    /// closes and the thread ends.
+    pub(crate) fn shutdown(&self) {
+        self.stopped.store(true, Ordering::Release);
+        let mut st = self.lock();
+        let qpns: Vec<u32> = st.qps.keys().copied().collect();
+        for qpn in qpns {
+            if let Some(slot) = st.qps.get_mut(&qpn) {
+                slot.enter_error();
+            }
+            mark_dirty(&mut st, qpn);
+        }
+        tx::flush(&mut st, &self.mrs, Instant::now(), AckPolicy::Now);
+        st.socket = None;
+        drop(st);
+        let _ = self.waker.write(1);
+    }
+}
+
+fn mark_dirty(st: &mut State, qpn: u32) {
+    if let Some(slot) = st.qps.get_mut(&qpn) {
+        if !slot.dirty {
+            slot.dirty = true;
+            st.dirty.push(qpn);
+        }
+    }
+}
+
+/// When a pass is due next: now if a QP still owes packets (a flush stopped
+/// at its budget) or received packets wait, else the earliest timer.
+fn next_deadline(st: &State) -> Option<Instant> {
+    if !st.dirty.is_empty() || st.rx_left.is_some() {
+        return Some(Instant::now());
+    }
+    st.timers.first().map(|&(t, _)| t)
+}
+
+/// Who drives a progress pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// A thread polling an empty CQ wants completions at once: the pass
+    /// stops receiving at the first datagram that completes work, and plain
+    /// ACKs are held back ([`AckPolicy::Hold`]).
+    Poller,
+    /// The engine thread: a full receive batch; ACKs held while packets
+    /// keep arriving, sent as soon as a pass finds none.
+    Engine,
+}
+
+/// One pass: receive a batch, run due timers, transmit and deliver.
+fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
+    let before = st.stats.rx_recvs;
+    rx::receive(st, mem, now, driver);
+    let received = st.stats.rx_recvs != before;
+    while let Some(&(t, qpn)) = st.timers.first().filter(|&&(t, _)| t <= now) {
+        st.timers.remove(&(t, qpn));
+        let Some(slot) = st.qps.get_mut(&qpn) else {
+            continue;
+        };
+        slot.deadline = None;
+        // The entry may be early (see flush): run only what is really due.
+        if let slot::Transport::Rc(rc) = &mut slot.transport {
+            if rc.next_timeout().is_some_and(|d| d <= now) {
+                rc.handle_timeout(now);
+            }
+        }
+        // The flush puts its real next deadline back.
+        mark_dirty(st, qpn);
+    }
+    let acks = match driver {
+        Driver::Poller => AckPolicy::Hold,
+        // While a stream arrives, ACKs coalesce; once it pauses (a pass
+        // that received nothing), every held ACK goes at once.
+        Driver::Engine if received => AckPolicy::Hold,
+        Driver::Engine => {
+            let mut held = std::mem::take(&mut st.held_acks);
+            for &qpn in &held {
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    slot.ack_listed = false;
+                }
+                mark_dirty(st, qpn);
+            }
+            held.clear();
+            st.held_acks = held;
+            AckPolicy::Now
+        }
+    };
+    tx::flush(st, mem, now, acks);
+}
+
+/// The UDP endpoint of a RoCEv2 peer with this GID.
+pub(crate) fn peer_endpoint(ip: IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, ROCE_V2_PORT)
+}

@@ -1,0 +1,143 @@
+//! The engine's counters: [`NetStats`], what it adds up from the QPs'
+//! transports, and the drop reasons it counts.
+
+use crate::soft::transport::rc::RcCounters;
+use crate::soft::transport::ud::UdCounters;
+use crate::soft::transport::RxDrop;
+
+/// Defines the counters struct and its `counters()` listing from one list
+/// of fields, so the two cannot drift apart.
+macro_rules! counters_struct {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[doc = $doc:expr])* pub $field:ident: u64,)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[doc = $doc])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Every counter with its field name, in declaration order (what
+            /// `rverbs counters` prints).
+            pub fn counters(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($field), self.$field)),*]
+            }
+        }
+    };
+}
+
+counters_struct! {
+    /// Counters of a device's network engine.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct NetStats {
+        /// RoCE packets sent.
+        pub tx_packets: u64,
+        /// Packets that could not be sent (full socket buffer, network error);
+        /// the transport retransmits them.
+        pub tx_errors: u64,
+        /// Sends handed to the kernel (single packets or GSO batches).
+        pub tx_sends: u64,
+        /// Packets the kernel refused as larger than the link's MTU allows (a
+        /// path MTU above the port's active MTU), lost; the transport retries
+        /// and, if the path MTU stays too big, ends in RETRY_EXC_ERR.
+        pub tx_too_big: u64,
+        /// RoCE packets received on port 4791.
+        pub rx_packets: u64,
+        /// Receive calls that returned data (single packets or GRO batches).
+        pub rx_recvs: u64,
+        /// Received packets whose ICRC matched for no IPv4 ID (corrupt), or
+        /// did not match (IPv6), dropped.
+        pub rx_icrc_errors: u64,
+        /// Received IPv4 packets accepted with an ID found by solving the ICRC
+        /// for it (`Ipv4IdSolver`): not the 0 or GSO numbering an rverbs peer
+        /// writes, but the counting IDs of kernel Soft-RoCE, a NIC, or any
+        /// other sender. The check of these is 16 bits weaker.
+        pub rx_ip_id_solved: u64,
+        /// Received packets that are not valid RoCEv2, dropped.
+        pub rx_malformed: u64,
+        /// Received packets for a QP that does not exist, dropped.
+        pub rx_unknown_qp: u64,
+        /// Received packets for an RC or UC QP from an address other than its
+        /// peer's, dropped.
+        pub rx_wrong_peer: u64,
+        /// Received packets of another transport than their QP's (an RC opcode
+        /// for a UD QP, say), dropped.
+        pub rx_wrong_transport: u64,
+        /// Received packets for a QP in RESET, INIT or ERROR, dropped.
+        pub rx_qp_not_receiving: u64,
+        /// Received packets whose P_Key does not match their QP's, dropped.
+        pub rx_bad_pkey: u64,
+        /// Received UD packets longer than the path MTU, dropped.
+        pub rx_too_long: u64,
+        /// Request packets sent again (go-back-N after a loss or timeout), all
+        /// QPs, past and present.
+        pub retransmitted: u64,
+        /// Retransmission timer expiries.
+        pub timeouts: u64,
+        /// NAK sequence errors received.
+        pub seq_naks_received: u64,
+        /// RNR NAKs received.
+        pub rnr_naks_received: u64,
+        /// NAK sequence errors sent.
+        pub seq_naks_sent: u64,
+        /// RNR NAKs sent.
+        pub rnr_naks_sent: u64,
+        /// Duplicate requests received.
+        pub duplicates: u64,
+        /// Congestion window cuts.
+        pub window_cuts: u64,
+        /// Requests refused with a NAK that ends the QP (invalid request: a bad
+        /// opcode sequence, length or alignment; remote access; remote
+        /// operational error).
+        pub fatal_naks_sent: u64,
+        /// UC packets dropped (the rest of a message after a gap, or a message
+        /// refused: no receive WR, bad rkey, too long).
+        pub uc_dropped: u64,
+        /// UD packets dropped for a Q_Key that did not match the QP's.
+        pub qkey_violations: u64,
+        /// UD packets dropped because their QP had no receive WR posted.
+        pub ud_no_recv_wr: u64,
+    }
+}
+
+impl NetStats {
+    pub(super) fn add(&mut self, c: &RcCounters) {
+        let RcCounters {
+            retransmitted,
+            timeouts,
+            seq_naks_received,
+            rnr_naks_received,
+            seq_naks_sent,
+            rnr_naks_sent,
+            duplicates,
+            window_cuts,
+            fatal_naks_sent,
+            uc_dropped,
+        } = *c;
+        self.retransmitted += retransmitted;
+        self.timeouts += timeouts;
+        self.seq_naks_received += seq_naks_received;
+        self.rnr_naks_received += rnr_naks_received;
+        self.seq_naks_sent += seq_naks_sent;
+        self.rnr_naks_sent += rnr_naks_sent;
+        self.duplicates += duplicates;
+        self.window_cuts += window_cuts;
+        self.fatal_naks_sent += fatal_naks_sent;
+        self.uc_dropped += uc_dropped;
+    }
+
+    /// Counts a packet a QP's transport dropped unread.
+    pub(super) fn count_drop(&mut self, reason: RxDrop) {
+        let counter = match reason {
+            RxDrop::WrongTransport => &mut self.rx_wrong_transport,
+            RxDrop::NotReceiving => &mut self.rx_qp_not_receiving,
+            RxDrop::PKey => &mut self.rx_bad_pkey,
+            RxDrop::TooLong => &mut self.rx_too_long,
+        };
+        *counter += 1;
+    }
+
+    pub(super) fn add_ud(&mut self, c: &UdCounters) {
+        self.qkey_violations += c.qkey_violations;
+        self.ud_no_recv_wr += c.no_recv_wr;
+    }
+}

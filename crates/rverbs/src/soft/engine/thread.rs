@@ -1,0 +1,171 @@
+//! The engine thread: sleeps in `ppoll(2)` on the socket, the multicast
+//! sockets, a wake-up eventfd and what its device asks it to watch (the
+//! host's address changes), with the earliest timer as timeout; spins
+//! briefly while a stream arrives; and leaves the socket to an application
+//! thread that busy-polls a CQ.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{ppoll, PollFd, PollFlags};
+use nix::sys::time::TimeSpec;
+use smallvec::SmallVec;
+
+use super::{multicast, next_deadline, progress, Driver, Engine, RX_SPIN};
+
+/// Something the engine thread watches for its device besides the network:
+/// a descriptor, and what to do when it is readable — also once as the
+/// thread starts, so a change from before it watched is not missed.
+pub(crate) struct Watch {
+    /// Polled for readability.
+    pub(crate) fd: OwnedFd,
+    /// Run when `fd` is readable (it must drain it) and at the start.
+    pub(crate) on_ready: Box<dyn Fn() + Send>,
+}
+
+impl Engine {
+    /// Starts the engine thread, named `rverbs-{name}`, once; `watch` gives
+    /// what else it should watch. Whether this call started it.
+    pub(crate) fn start_thread(
+        self: &Arc<Self>,
+        name: &str,
+        watch: impl FnOnce() -> Option<Watch>,
+    ) -> bool {
+        if self.thread_started.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let engine = self.clone();
+        let watch = watch();
+        let spawned = std::thread::Builder::new()
+            .name(format!("rverbs-{name}"))
+            .spawn(move || engine_thread(&engine, watch));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the engine thread: {e}");
+            self.thread_started.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+}
+
+fn engine_thread(engine: &Engine, watch: Option<Watch>) {
+    let mrs = &*engine.mrs;
+    // The thread's own handle on the socket: it stays open while the thread
+    // sleeps on it, even if shutdown closes the engine's.
+    let socket_fd: OwnedFd = {
+        let st = engine.lock();
+        match st.socket.as_ref().map(|s| s.as_fd().try_clone_to_owned()) {
+            Some(Ok(fd)) => fd,
+            _ => return,
+        }
+    };
+    // After a pass that received something, keep polling the socket for a
+    // while before sleeping: a stream's next batch is then picked up without
+    // the sender's kernel having to wake this thread for every batch.
+    let mut spin_until: Option<Instant> = None;
+    // The multicast sockets it watches too, as of `groups_seen`.
+    let mut group_fds: Vec<OwnedFd> = Vec::new();
+    let mut groups_seen = 0;
+    // A change before the thread watched goes unnoticed otherwise.
+    if let Some(w) = &watch {
+        (w.on_ready)();
+    }
+    loop {
+        if engine.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        // While an application busy-polls, it owns the socket and runs the
+        // timers: sleep (without the lock) until its grace runs out.
+        let now = Instant::now();
+        if let Some(until) = spin_until.filter(|&u| now < u) {
+            if engine.waiting.load(Ordering::SeqCst) > 0 {
+                // A thread waits for the lock (to post, say): the std mutex
+                // is not fair, so step back rather than win it again.
+                std::hint::spin_loop();
+                continue;
+            }
+            if engine.busy_polled_until(now).is_none() {
+                let mut st = engine.lock();
+                st.thread_wakes_at = Some(now);
+                let before = st.stats.rx_recvs;
+                progress(&mut st, mrs, now, Driver::Engine);
+                let got = st.stats.rx_recvs != before;
+                drop(st);
+                spin_until = if got {
+                    Some(now + RX_SPIN)
+                } else {
+                    Some(until)
+                };
+                std::hint::spin_loop();
+                continue;
+            }
+        }
+        spin_until = None;
+        if let Some(until) = engine.busy_polled_until(now) {
+            // Announce the socket is left alone, then look again whether
+            // the application still polls: app_will_sleep stores before it
+            // loads, so one of the two sees the other (both SeqCst).
+            engine.thread_off_socket.store(true, Ordering::SeqCst);
+            if engine.busy_polled_until(now).is_some() {
+                let mut fds = [PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN)];
+                let left = TimeSpec::from_duration(until.saturating_duration_since(now));
+                let _ = ppoll(&mut fds, Some(left), None);
+                let _ = engine.waker.read();
+            }
+            engine.thread_off_socket.store(false, Ordering::SeqCst);
+            continue;
+        }
+        let timer = {
+            let mut st = engine.lock();
+            let timer = next_deadline(&st);
+            st.thread_wakes_at = timer;
+            timer
+        };
+        let timeout = timer.map(|t| TimeSpec::from_duration(t.saturating_duration_since(now)));
+        let generation = engine.groups_changed.load(Ordering::SeqCst);
+        if generation != groups_seen {
+            group_fds = multicast::sockets(&engine.lock());
+            groups_seen = generation;
+        }
+        let mut fds: SmallVec<[PollFd<'_>; 4]> = SmallVec::new();
+        fds.push(PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN));
+        fds.push(PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN));
+        if let Some(w) = &watch {
+            fds.push(PollFd::new(w.fd.as_fd(), PollFlags::POLLIN));
+        }
+        for fd in &group_fds {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
+        match ppoll(&mut fds, timeout, None) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                tracing::error!("engine poll failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let watched = watch.is_some() && fds[2].revents().is_some_and(|r| !r.is_empty());
+        drop(fds);
+        if watched {
+            if let Some(w) = &watch {
+                (w.on_ready)();
+            }
+        }
+        let _ = engine.waker.read();
+        let now = Instant::now();
+        if engine.busy_polled_until(now).is_some() {
+            // An application polls (again): it makes the progress.
+            continue;
+        }
+        let mut st = engine.lock();
+        // Awake: it looks at the timers again before it sleeps.
+        st.thread_wakes_at = Some(now);
+        let before = st.stats.rx_recvs;
+        progress(&mut st, mrs, now, Driver::Engine);
+        if st.stats.rx_recvs != before {
+            spin_until = Some(now + RX_SPIN);
+        }
+    }
+}
