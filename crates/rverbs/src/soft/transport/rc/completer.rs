@@ -1,15 +1,80 @@
-//! The completer: what the requester learns from ACKs, NAKs, RNR NAKs,
-//! READ responses and atomic ACKs, and the completions it reports, in order.
+//! The completer (rxe's `qp->comp`): what the requester learns from ACKs,
+//! NAKs, RNR NAKs, READ responses and atomic ACKs — cumulative
+//! acknowledgement, READ data and atomic results placed, retry budgets
+//! spent or restored, the retransmission timers and the round-trip
+//! estimate behind them — and the send completions it reports, in order,
+//! errors and flushes included.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rverbs_wire::{NakCode, Opcode, PacketRepr, Position, Psn, Syndrome};
 
-use super::{RcQp, WqeData};
-use crate::soft::transport::{scatter, Memory, QpEvent};
-use crate::wc::WcStatus;
+use super::requester::SqEntry;
+use super::{RcConfig, RcQp};
+use crate::soft::transport::{scatter, Memory, QpEvent, WqeData};
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::{QpState, WrOpcode};
+
+/// Bounds of the adaptive retransmission timer. The floor sits above a
+/// scheduler time slice: on a busy host (two cores, three runnable
+/// threads) a peer is sometimes off the CPU for a few milliseconds, and a
+/// 0.5 ms floor resent up to a whole window (2 MiB) on a lossless loopback
+/// once or twice a second; a lost tail still recovers in milliseconds, not
+/// the IBTA timeout's tens of them.
+const MIN_FAST_RTO: Duration = Duration::from_millis(4);
+const MAX_FAST_RTO: Duration = Duration::from_secs(1);
+
+/// What the completer keeps: how far the peer acknowledged, the retry
+/// budgets, and the retransmission timers with the round-trip estimate
+/// that sets them.
+pub(super) struct CompleterState {
+    /// Oldest PSN not yet acknowledged.
+    pub(super) una: Psn,
+    /// Retries left (`retry_cnt`) before RETRY_EXC_ERR.
+    pub(super) retry_left: u8,
+    /// RNR retries left (`rnr_retry`) before RNR_RETRY_EXC_ERR.
+    rnr_left: u8,
+    /// The IBTA local ACK timer: `timeout` without progress spends a retry.
+    pub(super) retransmit_at: Option<Instant>,
+    /// The adaptive timer: a few round trips without progress resend from
+    /// the oldest unacknowledged PSN at once, without spending a retry, so a
+    /// lost tail costs about a round trip instead of a whole `timeout`.
+    pub(super) fast_rto_at: Option<Instant>,
+    pub(super) fast_backoff: u32,
+    srtt: Option<Duration>,
+    /// A new packet being timed for the round-trip estimate (Karn: never a
+    /// retransmitted one).
+    pub(super) rtt_probe: Option<(Psn, Instant)>,
+}
+
+impl CompleterState {
+    /// Nothing acknowledged yet: `cfg.sq_psn` is the oldest PSN, with the
+    /// full retry budgets.
+    pub(super) fn new(cfg: &RcConfig) -> CompleterState {
+        CompleterState {
+            una: cfg.sq_psn,
+            retry_left: cfg.retry_cnt,
+            rnr_left: cfg.rnr_retry,
+            retransmit_at: None,
+            fast_rto_at: None,
+            fast_backoff: 0,
+            srtt: None,
+            rtt_probe: None,
+        }
+    }
+
+    /// RTR → RTS: acknowledgement starts at `cfg.sq_psn`, with the full
+    /// retry budgets.
+    pub(super) fn enter_rts(&mut self, cfg: &RcConfig) {
+        self.una = cfg.sq_psn;
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+    }
+}
 
 impl RcQp {
+    // ---- responses --------------------------------------------------------
+
     pub(super) fn handle_response(
         &mut self,
         pkt: &PacketRepr<'_>,
@@ -19,7 +84,7 @@ impl RcQp {
     ) {
         let psn = pkt.bth.psn;
         // Only PSNs this requester sent and has not seen acknowledged count.
-        if !psn.in_window(self.una, self.una.distance_to(self.next_psn)) {
+        if !psn.in_window(self.comp.una, self.comp.una.distance_to(self.req.next_psn)) {
             return;
         }
         match pkt.bth.opcode {
@@ -30,33 +95,33 @@ impl RcQp {
                     Syndrome::RnrNak(timer) => {
                         self.counters.rnr_naks_received += 1;
                         self.ack_through(psn.sub(1), now);
-                        if self.state == crate::wr::QpState::Err {
+                        if self.state == QpState::Err {
                             return;
                         }
-                        if self.rnr_left == 0 {
+                        if self.comp.rnr_left == 0 {
                             self.fail_head(WcStatus::RnrRetryExcErr);
                             return;
                         }
                         if self.cfg.rnr_retry != 7 {
-                            self.rnr_left -= 1;
+                            self.comp.rnr_left -= 1;
                         }
-                        self.rnr_until = Some(now + timer.duration());
-                        self.retransmit_at = None;
-                        self.fast_rto_at = None;
+                        self.req.rnr_until = Some(now + timer.duration());
+                        self.comp.retransmit_at = None;
+                        self.comp.fast_rto_at = None;
                         self.rewind();
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.counters.seq_naks_received += 1;
                         self.ack_through(psn.sub(1), now);
-                        if self.state == crate::wr::QpState::Err || self.rnr_until.is_some() {
+                        if self.state == QpState::Err || self.req.rnr_until.is_some() {
                             // Waiting out an RNR NAK, which goes back anyway.
                             return;
                         }
-                        if self.retry_left == 0 {
+                        if self.comp.retry_left == 0 {
                             self.fail_head(WcStatus::RetryExcErr);
                             return;
                         }
-                        self.retry_left -= 1;
+                        self.comp.retry_left -= 1;
                         self.cut_window();
                         self.rewind();
                     }
@@ -73,7 +138,7 @@ impl RcQp {
                         // The WR the NAKed PSN belongs to takes the error;
                         // earlier ones still incomplete (a READ whose
                         // response was lost) are flushed before it.
-                        let nacked = self.sq.iter().position(|e| {
+                        let nacked = self.req.sq.iter().position(|e| {
                             e.status.is_none() && e.first_psn.distance_to(psn) < e.npkts
                         });
                         match nacked {
@@ -88,7 +153,9 @@ impl RcQp {
                     return;
                 };
                 self.ack_through(psn.sub(1), now);
-                let Some(head) = self.sq.front() else { return };
+                let Some(head) = self.req.sq.front() else {
+                    return;
+                };
                 if head.first_psn != psn || !head.is_rd_atomic() || head.is_read() {
                     return; // a duplicate
                 }
@@ -114,16 +181,19 @@ impl RcQp {
         mem: &dyn Memory,
     ) {
         let Some(idx) = self
+            .req
             .sq
             .iter()
             .position(|e| e.is_read() && e.first_psn.distance_to(psn) < e.npkts)
         else {
             return;
         };
-        let first = self.sq[idx].first_psn;
+        let first = self.req.sq[idx].first_psn;
         // A response implicitly acknowledges every earlier request.
         self.ack_through(first.sub(1), now);
-        let Some(head) = self.sq.front() else { return };
+        let Some(head) = self.req.sq.front() else {
+            return;
+        };
         if head.first_psn != first || head.status.is_some() {
             return;
         }
@@ -150,7 +220,7 @@ impl RcQp {
             self.fail_head(WcStatus::LocProtErr);
             return;
         }
-        let head = &mut self.sq[0];
+        let head = &mut self.req.sq[0];
         head.read_next += 1;
         if head.read_next == head.npkts {
             self.complete_rd_atomic(now, psn);
@@ -161,24 +231,24 @@ impl RcQp {
 
     /// The READ or atomic at the head of the queue is done.
     fn complete_rd_atomic(&mut self, now: Instant, last_psn: Psn) {
-        if let Some(head) = self.sq.front_mut() {
+        if let Some(head) = self.req.sq.front_mut() {
             head.status = Some(WcStatus::Success);
         }
-        self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+        self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
         self.progress(last_psn.next(), now);
         self.pop_completed();
     }
 
     /// Cumulative acknowledgement of every request PSN up to `psn`.
-    pub(super) fn ack_through(&mut self, psn: Psn, now: Instant) {
-        if psn.is_before(self.una) || !psn.is_before(self.next_psn) {
+    fn ack_through(&mut self, psn: Psn, now: Instant) {
+        if psn.is_before(self.comp.una) || !psn.is_before(self.req.next_psn) {
             return;
         }
         let mut lost = None;
         // An ACK inside a READ (the responder is past the chunk it asked
         // for) acknowledges no more than the READ responses placed so far.
         let mut upto = psn.next();
-        for e in self.sq.iter_mut() {
+        for e in self.req.sq.iter_mut() {
             if e.status.is_some() {
                 continue;
             }
@@ -209,48 +279,124 @@ impl RcQp {
     /// The oldest unacknowledged PSN moved to `una`: restart the retry
     /// budgets and the retransmission timer.
     fn progress(&mut self, una: Psn, now: Instant) {
-        if !self.una.is_before(una) {
+        if !self.comp.una.is_before(una) {
             return;
         }
-        self.cwnd.on_ack(self.una.distance_to(una), una);
-        self.una = una;
-        self.read_rewound_at = None;
-        if self.tx_psn.is_before(una) {
-            self.tx_psn = una;
+        self.req.cwnd.on_ack(self.comp.una.distance_to(una), una);
+        self.comp.una = una;
+        self.req.read_rewound_at = None;
+        if self.req.tx_psn.is_before(una) {
+            self.req.tx_psn = una;
         }
-        self.retry_left = self.cfg.retry_cnt;
-        self.rnr_left = self.cfg.rnr_retry;
-        if let Some((psn, sent)) = self.rtt_probe {
+        self.comp.retry_left = self.cfg.retry_cnt;
+        self.comp.rnr_left = self.cfg.rnr_retry;
+        if let Some((psn, sent)) = self.comp.rtt_probe {
             if psn.is_before(una) {
                 let sample = now.saturating_duration_since(sent);
-                self.srtt = Some(self.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
-                self.rtt_probe = None;
+                self.comp.srtt = Some(self.comp.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
+                self.comp.rtt_probe = None;
             }
         }
-        self.fast_backoff = 0;
-        let outstanding = self.una.is_before(self.sent_high);
-        self.retransmit_at = if outstanding {
+        self.comp.fast_backoff = 0;
+        let outstanding = self.comp.una.is_before(self.req.sent_high);
+        self.comp.retransmit_at = if outstanding {
             self.cfg.timeout.map(|t| now + t)
         } else {
             None
         };
-        self.fast_rto_at = outstanding.then(|| now + self.fast_rto());
+        self.comp.fast_rto_at = outstanding.then(|| now + self.fast_rto());
     }
 
     /// Reports finished WRs from the head of the queue, in order.
     pub(super) fn pop_completed(&mut self) {
         while self
+            .req
             .sq
             .front()
             .is_some_and(|e| e.status == Some(WcStatus::Success))
         {
-            let Some(e) = self.sq.pop_front() else { break };
-            self.sq_popped += 1;
+            let Some(e) = self.req.sq.pop_front() else {
+                break;
+            };
+            self.req.sq_popped += 1;
             if e.wqe.signaled {
                 let wc = self.send_wc(&e, WcStatus::Success);
                 self.events.push_back(QpEvent::SendCompletion(wc));
             }
         }
         self.check_drained();
+    }
+
+    // ---- timers -----------------------------------------------------------
+
+    /// The adaptive retransmission timeout: two smoothed round trips and a
+    /// margin, doubled per unanswered resend, within `[4 ms, timeout]`.
+    pub(super) fn fast_rto(&self) -> Duration {
+        let base = self.comp.srtt.map_or(Duration::from_millis(1), |s| {
+            2 * s + Duration::from_micros(200)
+        });
+        let cap = self.cfg.timeout.unwrap_or(MAX_FAST_RTO).min(MAX_FAST_RTO);
+        (base * (1 << self.comp.fast_backoff.min(10))).clamp(MIN_FAST_RTO, cap.max(MIN_FAST_RTO))
+    }
+
+    // ---- completions and errors -------------------------------------------
+
+    pub(super) fn send_wc(&self, e: &SqEntry, status: WcStatus) -> WorkCompletion {
+        let (opcode, byte_len) = match e.wqe.op {
+            WrOpcode::Send | WrOpcode::SendWithImm { .. } => (WcOpcode::Send, 0),
+            WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => {
+                (WcOpcode::RdmaWrite, 0)
+            }
+            WrOpcode::RdmaRead { .. } => (WcOpcode::RdmaRead, e.wqe.length),
+            WrOpcode::AtomicCmpAndSwp { .. } => (WcOpcode::CompSwap, 8),
+            WrOpcode::AtomicFetchAndAdd { .. } => (WcOpcode::FetchAdd, 8),
+        };
+        WorkCompletion {
+            wr_id: e.wqe.wr_id,
+            status,
+            opcode,
+            byte_len: if status == WcStatus::Success {
+                byte_len
+            } else {
+                0
+            },
+            qp_num: self.cfg.qpn,
+            src_qp: self.cfg.dest_qpn,
+            ..Default::default()
+        }
+    }
+
+    /// Completes send WR `idx` with `status` (a local error) and moves to ERR.
+    pub(super) fn fail_at(&mut self, idx: usize, status: WcStatus) {
+        // WRs before it that were acknowledged completed already; those still
+        // in flight are flushed along with it, in order.
+        self.req.sq[idx].status = Some(status);
+        for e in self.req.sq.iter_mut().take(idx) {
+            e.status.get_or_insert(WcStatus::WrFlushErr);
+        }
+        self.enter_error();
+    }
+
+    /// Completes the WR at the head of the send queue with an error and
+    /// moves to ERR.
+    pub(super) fn fail_head(&mut self, status: WcStatus) {
+        if let Some(head) = self.req.sq.front_mut() {
+            head.status = Some(status);
+        }
+        self.enter_error();
+    }
+
+    /// Entering ERR: every send WR left completes, in order — with the
+    /// status it was given (the failed one), or a flush error.
+    pub(super) fn flush_send_queue(&mut self) {
+        while let Some(e) = self.req.sq.pop_front() {
+            self.req.sq_popped += 1;
+            let status = e.status.unwrap_or(WcStatus::WrFlushErr);
+            // Successful ones completed earlier would have left the queue.
+            let wc = self.send_wc(&e, status);
+            if status != WcStatus::Success || e.wqe.signaled {
+                self.events.push_back(QpEvent::SendCompletion(wc));
+            }
+        }
     }
 }

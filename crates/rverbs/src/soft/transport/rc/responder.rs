@@ -1,37 +1,342 @@
-//! The responder: checks each request's PSN and opcode sequence, executes
-//! SENDs, RDMA WRITEs, READs and atomics against checked memory, answers
-//! duplicates without executing twice, and owes ACKs, NAKs and responses.
+//! The responder (rxe's `qp->resp`): the receive side of the QP. Its input
+//! checks each request's PSN and opcode sequence (one NAK per gap),
+//! executes SENDs, RDMA WRITEs, READs and atomics against checked memory,
+//! answers duplicates from saved resources without executing twice, and
+//! refuses what it must; its output is what that owes the peer — ACKs
+//! (coalesced, a plain one possibly held back), NAKs, READ response
+//! streams and atomic ACKs — written by [`RcQp::transmit_response`].
 
-use rverbs_wire::{NakCode, Operation, PacketRepr, Position, Psn, RethRepr, Syndrome, Transport};
+use std::collections::VecDeque;
+use std::time::Instant;
 
-use super::{packets_for, Inbound, RcQp, Refusal, Resource, Response};
+use rverbs_wire::{
+    AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode, Operation, PacketRepr, Position, Psn,
+    RethRepr, Syndrome, Transport,
+};
+
+use super::{packets_for, position, RcConfig, RcQp};
 use crate::event::AsyncEventType;
 use crate::soft::memory::{AccessError, AccessKind};
-use crate::soft::transport::{qp_allows, scatter, AtomicOp, Memory, QpEvent};
+use crate::soft::transport::recv::{RecvQueue, SharedRq};
+use crate::soft::transport::{
+    qp_allows, recv_flush_wc, scatter, AtomicOp, Memory, PayloadRef, QpEvent, RecvWqe, TxBuffer,
+};
 use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::QpState;
+
+/// The credit code in every ACK: no end-to-end flow control credits (as rxe).
+const CREDITS: Syndrome = Syndrome::Ack {
+    credits: Syndrome::CREDITS_UNLIMITED,
+};
+
+/// The incoming message a responder is in the middle of.
+#[derive(Debug)]
+enum Inbound {
+    Send {
+        wqe: RecvWqe,
+        offset: u64,
+    },
+    Write {
+        rkey: u32,
+        va: u64,
+        total: u32,
+        done: u32,
+    },
+}
+
+/// A saved READ or atomic, to answer duplicates without re-executing.
+#[derive(Debug, Clone, Copy)]
+enum Resource {
+    Read {
+        first_psn: Psn,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// A packet (or stream of READ response packets) the responder owes.
+#[derive(Debug, Clone, Copy)]
+enum Response {
+    Ack {
+        psn: Psn,
+        msn: u32,
+    },
+    Nak {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    Read {
+        first_psn: Psn,
+        k: u32,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// Why a responder refuses a request.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// Malformed or unsupported request: NAK invalid request, QP_REQ_ERR.
+    InvalidRequest,
+    /// Key, bounds, rights or PD: NAK remote access error, QP_ACCESS_ERR.
+    Access,
+    /// The receive WR cannot take the message: it completes with `status`
+    /// (LOC_LEN_ERR: too small, NAK invalid request, as rxe; LOC_PROT_ERR: a
+    /// bad scatter list, NAK remote operational error).
+    RecvBuffer(WcStatus),
+}
+
+fn read_response_opcode(pos: Position) -> Opcode {
+    match pos {
+        Position::First => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        Position::Middle => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        Position::Last => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        Position::Only => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+    }
+}
+
+/// What the responder keeps: the PSN and MSN it is at, its receive queue,
+/// the message in progress, saved READs and atomics, and what it owes.
+pub(super) struct ResponderState {
+    /// The PSN the next new request must carry.
+    pub(super) epsn: Psn,
+    /// Messages completed (24 bits), reported in every ACK.
+    msn: u32,
+    rq: RecvQueue,
+    inbound: Option<Inbound>,
+    resources: VecDeque<Resource>,
+    responses: VecDeque<Response>,
+    /// A plain ACK held back (see [`AckPolicy::Hold`](super::AckPolicy::Hold))
+    /// goes out by then.
+    pub(super) ack_due: Option<Instant>,
+    nak_seq_sent: bool,
+    /// UC: the message in progress lost a packet; drop until the next one starts.
+    uc_dropping: bool,
+}
+
+impl ResponderState {
+    /// Nothing received yet: requests start at `cfg.rq_psn`; receive WRs
+    /// come from `srq` if given.
+    pub(super) fn new(cfg: &RcConfig, srq: Option<SharedRq>) -> ResponderState {
+        ResponderState {
+            epsn: cfg.rq_psn,
+            msn: 0,
+            rq: RecvQueue::new(srq),
+            inbound: None,
+            resources: VecDeque::new(),
+            responses: VecDeque::new(),
+            ack_due: None,
+            nak_seq_sent: false,
+            uc_dropping: false,
+        }
+    }
+
+    /// Whether the next response owed is a plain ACK (one that
+    /// [`AckPolicy::Hold`](super::AckPolicy::Hold) may hold back).
+    pub(super) fn plain_ack_next(&self) -> bool {
+        matches!(self.responses.front(), Some(Response::Ack { .. }))
+    }
+
+    /// Responses owed.
+    pub(super) fn responses_owed(&self) -> usize {
+        self.responses.len()
+    }
+}
 
 impl RcQp {
+    // ---- receive queue ----------------------------------------------------
+
+    /// The QP is reset or destroyed: a receive WR it kept goes back to its SRQ.
+    pub(crate) fn return_recv(&mut self) {
+        self.resp.rq.return_held();
+    }
+
+    /// Receive WRs posted and not yet consumed.
+    pub(crate) fn rq_len(&self) -> usize {
+        self.resp.rq.own_len()
+            + usize::from(matches!(self.resp.inbound, Some(Inbound::Send { .. })))
+    }
+
+    /// Queues a receive WR. In ERR it completes at once with a flush error.
+    pub(crate) fn post_recv(&mut self, wqe: RecvWqe) {
+        if self.state == QpState::Err {
+            self.events.push_back(QpEvent::RecvCompletion(
+                recv_flush_wc(&wqe, self.cfg.qpn, self.cfg.dest_qpn),
+                false,
+            ));
+            return;
+        }
+        self.resp.rq.push(wqe);
+    }
+
+    /// Whether a plain ACK is being held back (see [`AckPolicy::Hold`](super::AckPolicy::Hold)).
+    pub(crate) fn holds_ack(&self) -> bool {
+        self.resp.ack_due.is_some()
+    }
+
+    /// Entering ERR: responses owed are dropped but the NAK that explains
+    /// the error, and every receive WR left (the one a message was filling
+    /// first) completes with a flush error.
+    pub(super) fn flush_responder(&mut self) {
+        // A QP in ERR processes nothing more: queued ACKs, READ responses
+        // and atomic results are dropped (no more reading its memory); only
+        // the NAK that reports the error still goes out.
+        self.resp
+            .responses
+            .retain(|r| matches!(r, Response::Nak { .. }));
+        self.resp.ack_due = None;
+        if let Some(Inbound::Send { wqe, .. }) = self.resp.inbound.take() {
+            let wc = recv_flush_wc(&wqe, self.cfg.qpn, self.cfg.dest_qpn);
+            self.events.push_back(QpEvent::RecvCompletion(wc, false));
+        }
+        let (qpn, src_qp) = (self.cfg.qpn, self.cfg.dest_qpn);
+        self.resp
+            .rq
+            .flush(&mut self.events, |wqe| recv_flush_wc(wqe, qpn, src_qp));
+    }
+
+    // ---- output -----------------------------------------------------------
+
+    /// Writes the next response owed into `tx` (a READ response stream one
+    /// packet at a time), if any.
+    pub(super) fn transmit_response(
+        &mut self,
+        mem: &dyn Memory,
+        tx: &mut TxBuffer<'_>,
+    ) -> Option<usize> {
+        let r = *self.resp.responses.front()?;
+        let mut bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, self.cfg.dest_qpn, Psn::new(0));
+        bth.pkey = self.cfg.pkey;
+        let mut p = PacketRepr::new(bth);
+        let n = match r {
+            Response::Ack { psn, msn } => {
+                p.bth.psn = psn;
+                p.aeth = Some(AethRepr {
+                    syndrome: CREDITS,
+                    msn,
+                });
+                self.resp.responses.pop_front();
+                p.emit(tx.bytes).ok()?
+            }
+            Response::Nak { psn, syndrome, msn } => {
+                p.bth.psn = psn;
+                p.aeth = Some(AethRepr { syndrome, msn });
+                self.resp.responses.pop_front();
+                p.emit(tx.bytes).ok()?
+            }
+            Response::Atomic { psn, orig, msn } => {
+                p.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
+                p.bth.psn = psn;
+                p.aeth = Some(AethRepr {
+                    syndrome: CREDITS,
+                    msn,
+                });
+                p.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                self.resp.responses.pop_front();
+                p.emit(tx.bytes).ok()?
+            }
+            Response::Read {
+                first_psn,
+                k,
+                npkts,
+                va,
+                rkey,
+                len,
+                msn,
+            } => {
+                let mtu = self.cfg.mtu;
+                let pos = position(k, npkts);
+                let offset = k * mtu;
+                let plen = mtu.min(len - offset.min(len));
+                p.bth.opcode = read_response_opcode(pos);
+                p.bth.psn = first_psn.add(k);
+                if matches!(pos, Position::First | Position::Last | Position::Only) {
+                    p.aeth = Some(AethRepr {
+                        syndrome: CREDITS,
+                        msn,
+                    });
+                }
+                let total = p.emit_around_payload(plen as usize, tx.bytes).ok()?;
+                let start = p.header_len();
+                let va = va.wrapping_add(u64::from(offset));
+                let pd = self.cfg.pd;
+                let read = match tx.refs.as_deref_mut() {
+                    Some(refs) if plen > 0 => {
+                        let kind = AccessKind::RemoteRead;
+                        mem.check(rkey, va, u64::from(plen), pd, kind).map(|()| {
+                            refs.push(PayloadRef {
+                                at: u32::try_from(start).unwrap_or(u32::MAX),
+                                key: rkey,
+                                va,
+                                len: plen,
+                                pd,
+                                kind,
+                            });
+                        })
+                    }
+                    _ => mem.read(
+                        rkey,
+                        va,
+                        pd,
+                        AccessKind::RemoteRead,
+                        &mut tx.bytes[start..start + plen as usize],
+                    ),
+                };
+                if read.is_err() {
+                    // The MR went away after the request was checked.
+                    self.resp.responses.pop_front();
+                    self.refuse(p.bth.psn, Refusal::Access);
+                    return self.transmit_response(mem, tx);
+                }
+                if k + 1 == npkts {
+                    self.resp.responses.pop_front();
+                } else if let Some(Response::Read { k, .. }) = self.resp.responses.front_mut() {
+                    *k += 1;
+                }
+                total
+            }
+        };
+        Some(n)
+    }
+
+    // ---- input ------------------------------------------------------------
+
     pub(super) fn handle_request(&mut self, pkt: &PacketRepr<'_>, pos: Position, mem: &dyn Memory) {
         if self.cfg.transport == Transport::Uc {
             return self.handle_uc_request(pkt, pos, mem);
         }
         let psn = pkt.bth.psn;
-        match psn.cmp_wrapping(self.epsn) {
+        match psn.cmp_wrapping(self.resp.epsn) {
             std::cmp::Ordering::Less => return self.duplicate(pkt, mem),
             std::cmp::Ordering::Greater => {
                 // A gap: one NAK per gap, then drop until the missing PSN comes.
-                if !self.nak_seq_sent {
-                    self.nak_seq_sent = true;
+                if !self.resp.nak_seq_sent {
+                    self.resp.nak_seq_sent = true;
                     self.counters.seq_naks_sent += 1;
-                    self.responses.push_back(Response::Nak {
-                        psn: self.epsn,
+                    self.resp.responses.push_back(Response::Nak {
+                        psn: self.resp.epsn,
                         syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
-                        msn: self.msn,
+                        msn: self.resp.msn,
                     });
                 }
                 return;
             }
-            std::cmp::Ordering::Equal => self.nak_seq_sent = false,
+            std::cmp::Ordering::Equal => self.resp.nak_seq_sent = false,
         }
         if let Err(refusal) = self.execute(pkt, pos, mem) {
             self.refuse(psn, refusal);
@@ -46,7 +351,7 @@ impl RcQp {
     /// and the QP carries on.
     fn handle_uc_request(&mut self, pkt: &PacketRepr<'_>, pos: Position, mem: &dyn Memory) {
         let psn = pkt.bth.psn;
-        match psn.cmp_wrapping(self.epsn) {
+        match psn.cmp_wrapping(self.resp.epsn) {
             std::cmp::Ordering::Less => {
                 self.counters.duplicates += 1;
                 return;
@@ -54,15 +359,15 @@ impl RcQp {
             std::cmp::Ordering::Greater => self.uc_drop_message(),
             std::cmp::Ordering::Equal => {}
         }
-        self.epsn = psn.next();
+        self.resp.epsn = psn.next();
         if pos.starts_message() {
-            if self.inbound.is_some() {
+            if self.resp.inbound.is_some() {
                 // The last packet of the message in progress never came.
                 self.uc_drop_message();
             }
-            self.uc_dropping = false;
+            self.resp.uc_dropping = false;
         }
-        if self.uc_dropping {
+        if self.resp.uc_dropping {
             self.counters.uc_dropped += 1;
             return;
         }
@@ -73,11 +378,11 @@ impl RcQp {
 
     /// UC: abandons the message in progress.
     fn uc_drop_message(&mut self) {
-        if let Some(Inbound::Send { wqe, .. }) = self.inbound.take() {
-            self.rq.put_back(wqe);
+        if let Some(Inbound::Send { wqe, .. }) = self.resp.inbound.take() {
+            self.resp.rq.put_back(wqe);
         }
-        self.inbound = None;
-        self.uc_dropping = true;
+        self.resp.inbound = None;
+        self.resp.uc_dropping = true;
     }
 
     fn execute(
@@ -91,7 +396,7 @@ impl RcQp {
         };
         let op = info.operation;
         let psn = pkt.bth.psn;
-        let in_order = match (&self.inbound, pos) {
+        let in_order = match (&self.resp.inbound, pos) {
             (None, Position::First | Position::Only) => true,
             (Some(Inbound::Send { .. }), Position::Middle | Position::Last) => {
                 op == Operation::Send
@@ -123,13 +428,13 @@ impl RcQp {
         match op {
             Operation::Send => {
                 if pos.starts_message() {
-                    let Some(wqe) = self.rq.pop(&mut self.events) else {
+                    let Some(wqe) = self.resp.rq.pop(&mut self.events) else {
                         self.queue_rnr(psn);
                         return Ok(());
                     };
-                    self.inbound = Some(Inbound::Send { wqe, offset: 0 });
+                    self.resp.inbound = Some(Inbound::Send { wqe, offset: 0 });
                 }
-                let Some(Inbound::Send { wqe, offset }) = &mut self.inbound else {
+                let Some(Inbound::Send { wqe, offset }) = &mut self.resp.inbound else {
                     return Err(Refusal::InvalidRequest);
                 };
                 if *offset + plen as u64 > wqe.length {
@@ -140,7 +445,7 @@ impl RcQp {
                 }
                 *offset += plen as u64;
                 if pos.ends_message() {
-                    let Some(Inbound::Send { wqe, offset }) = self.inbound.take() else {
+                    let Some(Inbound::Send { wqe, offset }) = self.resp.inbound.take() else {
                         return Err(Refusal::InvalidRequest);
                     };
                     let imm = pkt.imm_dt.map(|i| i.0);
@@ -160,7 +465,7 @@ impl RcQp {
                     };
                     self.events
                         .push_back(QpEvent::RecvCompletion(wc, pkt.bth.solicited));
-                    self.msn = (self.msn + 1) & 0x00ff_ffff;
+                    self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                 }
             }
             Operation::RdmaWrite => {
@@ -172,7 +477,7 @@ impl RcQp {
                         return Err(Refusal::InvalidRequest);
                     };
                     check_remote(mem, &reth, pd, AccessKind::RemoteWrite)?;
-                    self.inbound = Some(Inbound::Write {
+                    self.resp.inbound = Some(Inbound::Write {
                         rkey: reth.rkey,
                         va: reth.va,
                         total: reth.dma_len,
@@ -181,9 +486,9 @@ impl RcQp {
                 }
                 // With immediate data a receive WR is needed: check before
                 // touching memory, so a retry after RNR writes once more, harmlessly.
-                if pkt.imm_dt.is_some() && self.rq.is_empty() {
+                if pkt.imm_dt.is_some() && self.resp.rq.is_empty() {
                     if pos.starts_message() {
-                        self.inbound = None;
+                        self.resp.inbound = None;
                     }
                     self.queue_rnr(psn);
                     return Ok(());
@@ -193,7 +498,7 @@ impl RcQp {
                     va,
                     total,
                     done,
-                }) = &mut self.inbound
+                }) = &mut self.resp.inbound
                 else {
                     return Err(Refusal::InvalidRequest);
                 };
@@ -211,9 +516,9 @@ impl RcQp {
                         return Err(Refusal::InvalidRequest);
                     }
                     let total = *total;
-                    self.inbound = None;
+                    self.resp.inbound = None;
                     if let Some(imm) = pkt.imm_dt {
-                        let Some(wqe) = self.rq.pop(&mut self.events) else {
+                        let Some(wqe) = self.resp.rq.pop(&mut self.events) else {
                             return Err(Refusal::InvalidRequest);
                         };
                         let wc = WorkCompletion {
@@ -229,7 +534,7 @@ impl RcQp {
                         self.events
                             .push_back(QpEvent::RecvCompletion(wc, pkt.bth.solicited));
                     }
-                    self.msn = (self.msn + 1) & 0x00ff_ffff;
+                    self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                 }
             }
             Operation::RdmaReadRequest => {
@@ -250,17 +555,17 @@ impl RcQp {
                     rkey: reth.rkey,
                     len: reth.dma_len,
                 });
-                self.msn = (self.msn + 1) & 0x00ff_ffff;
-                self.responses.push_back(Response::Read {
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                self.resp.responses.push_back(Response::Read {
                     first_psn: psn,
                     k: 0,
                     npkts,
                     va: reth.va,
                     rkey: reth.rkey,
                     len: reth.dma_len,
-                    msn: self.msn,
+                    msn: self.resp.msn,
                 });
-                self.epsn = psn.add(npkts);
+                self.resp.epsn = psn.add(npkts);
                 return Ok(());
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -287,18 +592,18 @@ impl RcQp {
                     _ => Refusal::Access,
                 })?;
                 self.save(Resource::Atomic { psn, orig });
-                self.msn = (self.msn + 1) & 0x00ff_ffff;
-                self.responses.push_back(Response::Atomic {
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                self.resp.responses.push_back(Response::Atomic {
                     psn,
                     orig,
-                    msn: self.msn,
+                    msn: self.resp.msn,
                 });
-                self.epsn = psn.next();
+                self.resp.epsn = psn.next();
                 return Ok(());
             }
             _ => return Err(Refusal::InvalidRequest),
         }
-        self.epsn = psn.next();
+        self.resp.epsn = psn.next();
         if pkt.bth.ack_req {
             self.queue_ack(psn);
         }
@@ -313,12 +618,12 @@ impl RcQp {
         let psn = pkt.bth.psn;
         match info.operation {
             Operation::Send | Operation::RdmaWrite if pkt.bth.ack_req => {
-                self.queue_ack(self.epsn.sub(1));
+                self.queue_ack(self.resp.epsn.sub(1));
             }
             Operation::RdmaReadRequest => {
                 let Some(reth) = pkt.reth else { return };
                 let mtu = self.cfg.mtu;
-                let saved = self.resources.iter().find_map(|r| match *r {
+                let saved = self.resp.resources.iter().find_map(|r| match *r {
                     Resource::Read {
                         first_psn,
                         npkts,
@@ -349,30 +654,30 @@ impl RcQp {
                 }
                 // Drop what is still queued of an older attempt at the same
                 // READ (not of other READs); resend from here.
-                self.responses.retain(|r| {
+                self.resp.responses.retain(|r| {
                     !matches!(r, Response::Read { first_psn, .. }
                         if saved_psn.distance_to(*first_psn) < saved_npkts)
                 });
-                self.responses.push_back(Response::Read {
+                self.resp.responses.push_back(Response::Read {
                     first_psn: psn,
                     k: 0,
                     npkts: packets_for(reth.dma_len, mtu),
                     va: reth.va,
                     rkey,
                     len: reth.dma_len,
-                    msn: self.msn,
+                    msn: self.resp.msn,
                 });
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                let orig = self.resources.iter().find_map(|r| match *r {
+                let orig = self.resp.resources.iter().find_map(|r| match *r {
                     Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
                     _ => None,
                 });
                 if let Some(orig) = orig {
-                    self.responses.push_back(Response::Atomic {
+                    self.resp.responses.push_back(Response::Atomic {
                         psn,
                         orig,
-                        msn: self.msn,
+                        msn: self.resp.msn,
                     });
                 }
             }
@@ -381,9 +686,9 @@ impl RcQp {
     }
 
     fn save(&mut self, r: Resource) {
-        self.resources.push_back(r);
-        while self.resources.len() > usize::from(self.cfg.max_dest_rd_atomic.max(1)) {
-            self.resources.pop_front();
+        self.resp.resources.push_back(r);
+        while self.resp.resources.len() > usize::from(self.cfg.max_dest_rd_atomic.max(1)) {
+            self.resp.resources.pop_front();
         }
     }
 
@@ -392,12 +697,12 @@ impl RcQp {
         if self.cfg.transport == Transport::Uc {
             return;
         }
-        let msn = self.msn;
-        if let Some(Response::Ack { psn: p, msn: m }) = self.responses.back_mut() {
+        let msn = self.resp.msn;
+        if let Some(Response::Ack { psn: p, msn: m }) = self.resp.responses.back_mut() {
             *p = psn;
             *m = msn;
         } else {
-            self.responses.push_back(Response::Ack { psn, msn });
+            self.resp.responses.push_back(Response::Ack { psn, msn });
         }
     }
 
@@ -410,17 +715,17 @@ impl RcQp {
             self.counters.uc_dropped += 1;
             return self.uc_drop_message();
         }
-        self.nak_seq_sent = true;
+        self.resp.nak_seq_sent = true;
         self.counters.rnr_naks_sent += 1;
-        self.responses.push_back(Response::Nak {
+        self.resp.responses.push_back(Response::Nak {
             psn,
             syndrome: Syndrome::RnrNak(self.cfg.min_rnr_timer),
-            msn: self.msn,
+            msn: self.resp.msn,
         });
     }
 
     /// Refuses the request at `psn`: NAK, async event, and the QP goes to ERR.
-    pub(super) fn refuse(&mut self, psn: Psn, refusal: Refusal) {
+    fn refuse(&mut self, psn: Psn, refusal: Refusal) {
         if self.cfg.transport == Transport::Uc {
             self.counters.uc_dropped += 1;
             return self.uc_drop_message();
@@ -434,7 +739,7 @@ impl RcQp {
             ),
             Refusal::RecvBuffer(status) => {
                 // The receive WR that could not take the message fails with `status`.
-                if let Some(Inbound::Send { wqe, .. }) = self.inbound.take() {
+                if let Some(Inbound::Send { wqe, .. }) = self.resp.inbound.take() {
                     let wc = WorkCompletion {
                         wr_id: wqe.wr_id,
                         status,
@@ -453,10 +758,10 @@ impl RcQp {
                 (code, None)
             }
         };
-        self.responses.push_back(Response::Nak {
+        self.resp.responses.push_back(Response::Nak {
             psn,
             syndrome: Syndrome::Nak(code),
-            msn: self.msn,
+            msn: self.resp.msn,
         });
         if let Some(e) = event {
             self.events.push_back(QpEvent::Async(e));
