@@ -14,7 +14,7 @@ use rverbs::{
     QpState, QpType, QueuePair, RecvWr, SendFlags, SendWr, Sge, SharedReceiveQueue, SrqAttr,
     SrqAttrMask, UdAddress, WrOpcode,
 };
-use rverbs_ibverbs::abi::*;
+use rverbs_ibverbs_abi::abi::*;
 
 use crate::device::context_ref;
 use crate::ffi::{errno_of, guard, neg, null};

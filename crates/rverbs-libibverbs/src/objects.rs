@@ -17,7 +17,7 @@ use rverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, CqEvent, MemoryRegion, ProtectionDomain,
     WorkCompletion,
 };
-use rverbs_ibverbs::abi::*;
+use rverbs_ibverbs_abi::abi::*;
 
 use crate::device::context_ref;
 use crate::ffi::{errno_of, guard, neg, null, set_errno};

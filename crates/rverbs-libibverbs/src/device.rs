@@ -15,7 +15,7 @@ use std::ptr;
 use std::sync::{Mutex, OnceLock};
 
 use rverbs::{AsyncEvent, AsyncEventElement};
-use rverbs_ibverbs::abi::*;
+use rverbs_ibverbs_abi::abi::*;
 
 use crate::ffi::{errno_of, guard, neg, null, set_errno};
 
