@@ -1,7 +1,15 @@
 //! The string and rate helpers: `ibv_*_str`, `ibv_rate_to_mult` and friends,
-//! with libibverbs' tables.
+//! answering as libibverbs does. Completion statuses and async event types
+//! are rverbs' own strings (`WcStatus::as_str`, `AsyncEventType::as_str`);
+//! the tables here are what rverbs has no type for: rates, node types, port
+//! states, and the two tag-matching completion statuses.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::sync::OnceLock;
+
+use rverbs::{AsyncEventType, WcStatus};
+
+use crate::ffi::guard;
 
 /// `enum ibv_rate` values with their multiple of 2.5 Gb/s (`-1`: not a
 /// multiple) and their Mb/s.
@@ -76,7 +84,7 @@ export! { "IBVERBS_1.1"
             .ok()
             .and_then(|i| NODE_TYPES.get(i))
             .copied()
-            .unwrap_or(c"unknown");
+            .unwrap_or(UNKNOWN);
         s.as_ptr()
     }
 }
@@ -97,81 +105,114 @@ export! { "IBVERBS_1.1"
             .ok()
             .and_then(|i| PORT_STATES.get(i))
             .copied()
-            .unwrap_or(c"unknown");
+            .unwrap_or(UNKNOWN);
         s.as_ptr()
     }
 }
 
-const EVENT_TYPES: [&CStr; 20] = [
-    c"CQ error",
-    c"local work queue catastrophic error",
-    c"invalid request local work queue error",
-    c"local access violation work queue error",
-    c"communication established",
-    c"send queue drained",
-    c"path migrated",
-    c"path migration request error",
-    c"local catastrophic error",
-    c"port active",
-    c"port error",
-    c"LID change",
-    c"P_Key change",
-    c"SM change",
-    c"SRQ catastrophic error",
-    c"SRQ limit reached",
-    c"last WQE reached",
-    c"client reregistration",
-    c"GID table change",
-    c"WQ fatal",
+/// What the `*_str` functions answer for a value they do not know.
+const UNKNOWN: &CStr = c"unknown";
+
+/// C copies of strings (NUL-terminated), by value, made on first use and
+/// kept for the life of the process: C holds the pointers it is given.
+type CStrings = OnceLock<Vec<(c_int, CString)>>;
+
+/// The C string of `value` among `strings` (filled from `entries` on first
+/// use), or "unknown".
+fn lookup(
+    strings: &'static CStrings,
+    entries: impl FnOnce() -> Vec<(c_int, &'static str)>,
+    value: c_int,
+) -> *const c_char {
+    guard(UNKNOWN.as_ptr(), || {
+        let strings = strings.get_or_init(|| {
+            entries()
+                .into_iter()
+                .map(|(v, s)| (v, CString::new(s).expect("no NUL inside")))
+                .collect()
+        });
+        strings
+            .iter()
+            .find(|(v, _)| *v == value)
+            .map_or(UNKNOWN, |(_, s)| s.as_c_str())
+            .as_ptr()
+    })
+}
+
+/// Every `enum ibv_event_type` value (rverbs has them all).
+const EVENT_TYPES: [AsyncEventType; 20] = [
+    AsyncEventType::CqErr,
+    AsyncEventType::QpFatal,
+    AsyncEventType::QpReqErr,
+    AsyncEventType::QpAccessErr,
+    AsyncEventType::CommEst,
+    AsyncEventType::SqDrained,
+    AsyncEventType::PathMig,
+    AsyncEventType::PathMigErr,
+    AsyncEventType::DeviceFatal,
+    AsyncEventType::PortActive,
+    AsyncEventType::PortErr,
+    AsyncEventType::LidChange,
+    AsyncEventType::PkeyChange,
+    AsyncEventType::SmChange,
+    AsyncEventType::SrqErr,
+    AsyncEventType::SrqLimitReached,
+    AsyncEventType::QpLastWqeReached,
+    AsyncEventType::ClientReregister,
+    AsyncEventType::GidChange,
+    AsyncEventType::WqFatal,
 ];
 
 export! { "IBVERBS_1.1"
     /// `ibv_event_type_str`.
     pub unsafe extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
-        let s = usize::try_from(event)
-            .ok()
-            .and_then(|i| EVENT_TYPES.get(i))
-            .copied()
-            .unwrap_or(c"unknown");
-        s.as_ptr()
+        static STRINGS: CStrings = OnceLock::new();
+        let entries = || EVENT_TYPES.iter().map(|&e| (e as u32 as c_int, e.as_str())).collect();
+        lookup(&STRINGS, entries, event)
     }
 }
 
-const WC_STATUSES: [&CStr; 24] = [
-    c"success",
-    c"local length error",
-    c"local QP operation error",
-    c"local EE context operation error",
-    c"local protection error",
-    c"Work Request Flushed Error",
-    c"memory management operation error",
-    c"bad response error",
-    c"local access error",
-    c"remote invalid request error",
-    c"remote access error",
-    c"remote operation error",
-    c"transport retry counter exceeded",
-    c"RNR retry counter exceeded",
-    c"local RDD violation error",
-    c"remote invalid RD request",
-    c"aborted error",
-    c"invalid EE context number",
-    c"invalid EE context state",
-    c"fatal error",
-    c"response timeout error",
-    c"general error",
-    c"TM error",
-    c"TM software rendezvous",
+/// The `enum ibv_wc_status` values rverbs has (0 to 21).
+const WC_STATUSES: [WcStatus; 22] = [
+    WcStatus::Success,
+    WcStatus::LocLenErr,
+    WcStatus::LocQpOpErr,
+    WcStatus::LocEecOpErr,
+    WcStatus::LocProtErr,
+    WcStatus::WrFlushErr,
+    WcStatus::MwBindErr,
+    WcStatus::BadRespErr,
+    WcStatus::LocAccessErr,
+    WcStatus::RemInvReqErr,
+    WcStatus::RemAccessErr,
+    WcStatus::RemOpErr,
+    WcStatus::RetryExcErr,
+    WcStatus::RnrRetryExcErr,
+    WcStatus::LocRddViolErr,
+    WcStatus::RemInvRdReqErr,
+    WcStatus::RemAbortErr,
+    WcStatus::InvEecnErr,
+    WcStatus::InvEecStateErr,
+    WcStatus::FatalErr,
+    WcStatus::RespTimeoutErr,
+    WcStatus::GeneralErr,
 ];
+
+/// The statuses rverbs has no value for: tag matching's, which it does
+/// not do (IBV_WC_TM_ERR, IBV_WC_TM_RNDV_INCOMPLETE).
+const WC_STATUSES_TM: [(c_int, &str); 2] = [(22, "TM error"), (23, "TM software rendezvous")];
 
 export! { "IBVERBS_1.1"
     /// `ibv_wc_status_str`.
     pub unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
-        let s = usize::try_from(status)
-            .ok()
-            .and_then(|i| WC_STATUSES.get(i))
-            .copied()
-            .unwrap_or(c"unknown");
-        s.as_ptr()
+        static STRINGS: CStrings = OnceLock::new();
+        let entries = || {
+            WC_STATUSES
+                .iter()
+                .map(|&s| (s as u32 as c_int, s.as_str()))
+                .chain(WC_STATUSES_TM)
+                .collect()
+        };
+        lookup(&STRINGS, entries, status)
     }
 }
