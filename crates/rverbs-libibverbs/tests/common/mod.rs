@@ -22,11 +22,16 @@ pub fn library() -> PathBuf {
             )
         });
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let newest = ["libibverbs", "rverbs-ibverbs", "rverbs", "rverbs-wire"]
-        .iter()
-        .map(|c| newest_source(&crates.join(c)))
-        .max()
-        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let newest = [
+        "rverbs-libibverbs",
+        "rverbs-ibverbs-abi",
+        "rverbs",
+        "rverbs-wire",
+    ]
+    .iter()
+    .map(|c| newest_source(&crates.join(c)))
+    .max()
+    .unwrap_or(SystemTime::UNIX_EPOCH);
     assert!(
         built >= newest,
         "{} is older than its sources: run `cargo build -p rverbs-libibverbs` first",

@@ -1,4 +1,4 @@
-//! Checks `rverbs_ibverbs::abi` against the real `<infiniband/verbs.h>`.
+//! Checks `rverbs_ibverbs_abi::abi` against the real `<infiniband/verbs.h>`.
 //!
 //! One table below lists every type of the `abi` module with every field
 //! path and every constant. From it the test generates a C program that
@@ -20,7 +20,7 @@ use std::mem::{align_of, offset_of, size_of};
 use std::path::PathBuf;
 use std::process::Command;
 
-use rverbs_ibverbs::abi::*;
+use rverbs_ibverbs_abi::abi::*;
 
 /// One number computed on both sides.
 struct Check {
@@ -578,7 +578,7 @@ fn cc() -> String {
 }
 
 fn work_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rverbs-ibverbs-layout");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rverbs-ibverbs-abi-layout");
     std::fs::create_dir_all(&dir).expect("create the test's temporary directory");
     dir
 }

@@ -7,6 +7,20 @@
 //! passes its own version script, so a plain `#[no_mangle]` symbol would come
 //! out unversioned). Every function that does work runs inside a panic
 //! guard; the rest only return constants. No panic crosses into C.
+//!
+//! One module per object family, each using the shared layers below it and
+//! not each other (the exceptions: `context` takes the ops table from
+//! `ops`, and `qp` gives QPs made with send ops the `qp_ex` functions):
+//!
+//! - shared: `ffi` (errno, panic guard, lock), `convert` (C ↔ rverbs
+//!   values), `handles` (every C object's wrapper, the C pointer → wrapper
+//!   lookups, destroy plumbing), `wr` (C work request lists → rverbs posts);
+//! - `ops`: the function pointers set in a context, in one place;
+//! - objects: `device`, `context` (open/close, async events, leak report),
+//!   `query` (device, port, GID, P_Key), `pd`, `mr` (and fork), `channel`
+//!   (and completion events), `cq`, `qp`, `qp_ex` (`ibv_wr_*`), `srq`, `ah`;
+//! - the rest: `strings` (`ibv_*_str`, rates), `unsupported` (EOPNOTSUPP
+//!   verbs), `private` (IBVERBS_PRIVATE_34, load-time setup).
 
 #![allow(clippy::missing_safety_doc)]
 // C structs are zeroed, then filled field by field as verbs.h lists them.
@@ -30,10 +44,22 @@ macro_rules! export {
     };
 }
 
+mod ah;
+mod channel;
+mod context;
+mod convert;
+mod cq;
 mod device;
 mod ffi;
-mod objects;
+mod handles;
+mod mr;
+mod ops;
+mod pd;
 mod private;
 mod qp;
+mod qp_ex;
+mod query;
+mod srq;
 mod strings;
 mod unsupported;
+mod wr;

@@ -1,4 +1,5 @@
-//! What every exported function shares: errno, and the panic guard.
+//! What every exported function shares: errno, the panic guard, and
+//! locking that shrugs off poisoning.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -43,4 +44,10 @@ pub(crate) fn errno_of(e: &rverbs::Error) -> i32 {
         eprintln!("rverbs: {e}");
     }
     e.errno()
+}
+
+/// Locks, shrugging off poisoning (a panic elsewhere was already turned
+/// into an errno).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

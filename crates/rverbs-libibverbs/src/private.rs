@@ -134,7 +134,7 @@ extern "C" fn at_load() {
     VERBS_ALLOW_DISASSOCIATE_DESTROY.store(allow, Ordering::Relaxed);
     // SAFETY: registers a plain extern "C" function with no arguments, as
     // atexit takes; it catches its own panics.
-    unsafe { libc::atexit(crate::device::report_at_exit) };
+    unsafe { libc::atexit(crate::context::report_at_exit) };
 }
 
 #[used]

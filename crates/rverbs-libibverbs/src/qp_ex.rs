@@ -1,0 +1,355 @@
+//! The extended post API of QPs made with send ops (`ibv_qp_ex`):
+//! `ibv_qp_to_qp_ex` and the `wr_*` function pointers — `wr_start`, the
+//! opcode builders, the SGE / inline / UD address setters, `wr_complete`
+//! (all or nothing) and `wr_abort`. The batch they build lives in the QP's
+//! wrapper (`handles::Qp`); `qp.rs` makes such QPs.
+
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+use rverbs::{Payload, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
+use rverbs_ibverbs_abi::abi::*;
+
+use crate::convert::{sges, SgeVec};
+use crate::ffi::{errno_of, guard, lock};
+use crate::handles::{ah_ref, wrapper, Batch, PendingWr, Qp};
+
+/// The send operations the extended API supports.
+pub(crate) const SEND_OPS: ibv_qp_create_send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+export! { "IBVERBS_1.6"
+    /// `ibv_qp_to_qp_ex`: the `ibv_qp_ex` of a QP made with send ops, else
+    /// NULL.
+    pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+        // SAFETY: a QP from ibv_create_qp*, or NULL.
+        match unsafe { wrapper::<_, Qp>(qp) } {
+            Some(w) if w.extended => qp.cast(),
+            _ => ptr::null_mut(),
+        }
+    }
+}
+
+/// Fills the `wr_*` function pointers of a QP made with send ops.
+pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+}
+
+/// Runs `f` on the batch of the QP behind `qp` (nothing for a NULL or
+/// foreign pointer).
+fn with_batch(qp: *mut ibv_qp_ex, f: impl FnOnce(&ibv_qp_ex, &mut Batch)) {
+    guard((), || {
+        // SAFETY: the extended API hands back the ibv_qp_ex of a QP from
+        // ibv_create_qp_ex, the first field of its wrapper.
+        let Some(w) = (unsafe { wrapper::<_, Qp>(qp) }) else {
+            return;
+        };
+        let mut b = lock(&w.batch);
+        // SAFETY: the QP's C struct is live; the program does not write its
+        // wr_id / wr_flags during a wr_* call it made.
+        f(unsafe { &*w.ibv.get() }, &mut b);
+    })
+}
+
+/// Starts a new WR of the batch with `opcode`, taking `wr_id` and
+/// `wr_flags` from the QP as the API does.
+fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode) {
+    with_batch(qp, |q, b| {
+        if !b.open {
+            b.error.get_or_insert(libc::EINVAL);
+            return;
+        }
+        let mut flags = SendFlags::empty();
+        if q.wr_flags & IBV_SEND_FENCE != 0 {
+            flags |= SendFlags::FENCE;
+        }
+        if q.wr_flags & IBV_SEND_SIGNALED != 0 {
+            flags |= SendFlags::SIGNALED;
+        }
+        if q.wr_flags & IBV_SEND_SOLICITED != 0 {
+            flags |= SendFlags::SOLICITED;
+        }
+        b.wrs.push(PendingWr {
+            wr_id: q.wr_id,
+            flags,
+            opcode,
+            sges: SgeVec::new(),
+            inline: None,
+            ud: None,
+        });
+    });
+}
+
+/// Applies `f` to the WR being built.
+fn current(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut PendingWr)) {
+    with_batch(qp, |_, b| match b.wrs.last_mut() {
+        Some(w) if b.open => f(w),
+        _ => {
+            b.error.get_or_insert(libc::EINVAL);
+        }
+    });
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    guard((), || {
+        // SAFETY: as in with_batch.
+        if let Some(w) = unsafe { wrapper::<_, Qp>(qp) } {
+            use std::sync::atomic::Ordering;
+            while w
+                .wr_owner
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                std::thread::yield_now();
+            }
+        }
+    });
+    with_batch(qp, |_, b| {
+        *b = Batch {
+            open: true,
+            ..Batch::default()
+        };
+    });
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    with_batch(qp, |_, b| *b = Batch::default());
+    release_wr(qp);
+}
+
+/// Ends the `wr_start` critical section.
+fn release_wr(qp: *mut ibv_qp_ex) {
+    // SAFETY: as in with_batch.
+    if let Some(w) = unsafe { wrapper::<_, Qp>(qp) } {
+        w.wr_owner
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Posts the batch, all or nothing: 0, or the errno of the first WR
+/// refused (then none was posted).
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    let r = post_batch(qp);
+    release_wr(qp);
+    r
+}
+
+fn post_batch(qp: *mut ibv_qp_ex) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: as in with_batch.
+        let Some(w) = (unsafe { wrapper::<_, Qp>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Some(rust) = w.rust.as_ref() else {
+            return libc::EINVAL;
+        };
+        let batch = std::mem::take(&mut *lock(&w.batch));
+        if !batch.open {
+            return libc::EINVAL;
+        }
+        if let Some(e) = batch.error {
+            return e;
+        }
+        let mut wrs = Vec::with_capacity(batch.wrs.len());
+        for p in &batch.wrs {
+            let payload = match &p.inline {
+                Some(bytes) => Payload::Inline(bytes),
+                None => Payload::Sges(&p.sges),
+            };
+            let mut wr = SendWr {
+                wr_id: p.wr_id,
+                opcode: p.opcode,
+                payload,
+                flags: p.flags,
+                ud: None,
+            };
+            if p.inline.is_some() {
+                wr.flags |= SendFlags::INLINE;
+            }
+            if let Some((ah, qpn, qkey)) = p.ud {
+                // SAFETY: an AH from ibv_create_ah, or NULL.
+                let Some(ah) = (unsafe { ah_ref(ah) }) else {
+                    return libc::EINVAL;
+                };
+                wr.ud = Some(UdAddress {
+                    ah,
+                    remote_qpn: qpn,
+                    remote_qkey: qkey,
+                });
+            }
+            wrs.push(wr);
+        }
+        // All or nothing, as ibv_wr_complete promises.
+        match rust.post_send_all(&wrs) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    begin(qp, WrOpcode::Send);
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm_data: u32) {
+    begin(
+        qp,
+        WrOpcode::SendWithImm {
+            imm: u32::from_be(imm_data),
+        },
+    );
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    begin(qp, WrOpcode::RdmaWrite { remote_addr, rkey });
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm_data: u32,
+) {
+    begin(
+        qp,
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm: u32::from_be(imm_data),
+        },
+    );
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    begin(qp, WrOpcode::RdmaRead { remote_addr, rkey });
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    begin(
+        qp,
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    begin(
+        qp,
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    current(qp, |w| {
+        w.inline = None;
+        w.sges = smallvec::smallvec![Sge { addr, length, lkey }];
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    guard((), || {
+        let Ok(n) = c_int::try_from(num_sge) else {
+            return current(qp, |w| w.sges.clear());
+        };
+        // SAFETY: the caller passes num_sge entries.
+        let list = unsafe { sges(sg_list, n) };
+        current(qp, |w| {
+            w.inline = None;
+            w.sges = list.unwrap_or_default();
+        });
+    })
+}
+
+/// Copies inline data from the program's memory now, as the API requires
+/// (the buffers may be reused as soon as the call returns).
+unsafe fn copy_inline(bufs: &[ibv_data_buf]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in bufs {
+        if b.length > 0 && !b.addr.is_null() {
+            // SAFETY: the program passes readable buffers of these lengths.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length)
+            });
+        }
+    }
+    out
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    guard((), || {
+        // SAFETY: a readable buffer of `length` bytes.
+        let bytes = unsafe { copy_inline(&[ibv_data_buf { addr, length }]) };
+        current(qp, |w| {
+            w.sges.clear();
+            w.inline = Some(bytes);
+        });
+    })
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const ibv_data_buf,
+) {
+    guard((), || {
+        let bufs = if num_buf == 0 || buf_list.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: the caller passes num_buf entries.
+            unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
+        };
+        // SAFETY: readable buffers, per the caller.
+        let bytes = unsafe { copy_inline(bufs) };
+        current(qp, |w| {
+            w.sges.clear();
+            w.inline = Some(bytes);
+        });
+    })
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    current(qp, |w| w.ud = Some((ah, remote_qpn, remote_qkey)));
+}
