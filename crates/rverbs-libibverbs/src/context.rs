@@ -230,7 +230,7 @@ pub(crate) extern "C" fn report_at_exit() {
     let counters = std::env::var_os("RVERBS_COUNTERS").is_some_and(|v| v != "0" && !v.is_empty());
     if counters {
         guard((), || {
-            for line in rverbs::soft::counters::summary().lines() {
+            for line in rverbs::counters::summary().lines() {
                 eprintln!("rverbs: counters of {line}");
             }
         });

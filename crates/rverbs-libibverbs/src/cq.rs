@@ -257,7 +257,7 @@ export! { "IBVERBS_1.1"
             // SAFETY: a CQ from ibv_create_cq, not destroyed.
             let wr = unsafe { &*w };
             let forced = || {
-                wr.device.is_disassociated() && rverbs::soft::device::allow_disassoc_destroy()
+                wr.device.is_disassociated() && rverbs::allow_disassoc_destroy()
             };
             loop {
                 if forced() {
