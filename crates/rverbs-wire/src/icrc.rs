@@ -11,7 +11,8 @@
 //!
 //! The functions take the IP and UDP headers as bytes, as captured or as the
 //! sender will have the kernel write them ([`Ipv4Header`], [`Ipv6Header`],
-//! [`udp_header`] build those).
+//! [`udp_header`] build those; [`IpUdpHeaders::linux`] builds both as Linux
+//! writes them for an unconnected Don't-Fragment socket).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 

@@ -8,6 +8,7 @@
 //! and later verbs fail with EIO.
 
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -219,7 +220,7 @@ pub(crate) struct SoftDevice {
     /// The port is ACTIVE: its address is on an interface that is up.
     port_active: AtomicBool,
     /// Address and link changes of the host (`None`: not watchable here).
-    pub(crate) link_watch: Option<LinkWatch>,
+    pub(crate) link_watch: Option<Arc<LinkWatch>>,
 }
 
 impl SoftDevice {
@@ -270,7 +271,7 @@ impl SoftDevice {
             contexts: Mutex::new(Vec::new()),
             port_active: AtomicBool::new(link::address_usable(local)),
             link_watch: match LinkWatch::open() {
-                Ok(w) => Some(w),
+                Ok(w) => Some(Arc::new(w)),
                 Err(e) => {
                     tracing::warn!("cannot watch address changes ({e}); the port stays ACTIVE");
                     None
@@ -382,22 +383,11 @@ impl SoftDevice {
     /// host's address changes for the port, and the device's counters are
     /// published for `rverbs counters`.
     pub(crate) fn start_engine(self: &Arc<Self>) {
-        let device = Arc::downgrade(self);
-        let watch = || {
-            let fd = self.link_watch.as_ref()?.fd().try_clone_to_owned().ok()?;
-            Some(Watch {
-                fd,
-                on_ready: Box::new(move || {
-                    if let Some(dev) = device.upgrade() {
-                        if let Some(w) = &dev.link_watch {
-                            w.drain();
-                        }
-                        dev.check_link();
-                    }
-                }),
-            })
+        let watch = PortWatch {
+            link: self.link_watch.clone(),
+            device: Arc::downgrade(self),
         };
-        if self.engine.start_thread(&self.name, watch) {
+        if self.engine.start_thread(&self.name, Box::new(watch)) {
             crate::soft::counters::publish(self);
         }
     }
@@ -432,6 +422,29 @@ impl SoftDevice {
             ctx.device_fatal();
         }
         tracing::info!(name = %self.name, "device disassociated");
+    }
+}
+
+/// What a device's engine thread watches for its port: the host's address
+/// changes (if they can be watched here), after which the device looks
+/// again whether its address is usable.
+struct PortWatch {
+    link: Option<Arc<LinkWatch>>,
+    device: Weak<SoftDevice>,
+}
+
+impl Watch for PortWatch {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.link.as_ref().map(|w| w.fd())
+    }
+
+    fn on_ready(&self) {
+        if let Some(w) = &self.link {
+            w.drain();
+        }
+        if let Some(dev) = self.device.upgrade() {
+            dev.check_link();
+        }
     }
 }
 

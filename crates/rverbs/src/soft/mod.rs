@@ -1,12 +1,15 @@
-//! The software RoCE device: the engine under the verbs.
+//! The software RoCE device under the verbs (private to the crate: what
+//! users need of it is re-exported at the crate root).
 //!
-//! Each module owns one part of the device — configuration, the device and
-//! its list, contexts, completion channels, CQs, PDs, registered memory, and
-//! the pollable event queues. The public handles in `crate::verbs` wrap
-//! these cores and add libibverbs' verb semantics (EBUSY rules, destroy
-//! paths). The transport (queue pairs) plugs in here: it pushes into
-//! `cq::CqCore`, posts to the context's async queue, and checks every
-//! local and remote access through `memory::MrTable`.
+//! The object cores — configuration, the device and its list, contexts,
+//! completion channels, CQs, PDs, QPs, SRQs, registered memory, the
+//! pollable event queues — each own one part of the device; the public
+//! handles in `crate::verbs` wrap them and add libibverbs' verb semantics
+//! (EBUSY rules, destroy paths). Below them, `engine` is a device's network
+//! engine (its socket, QP table and progress) and `transport` the sans-IO
+//! state machines it drives; a QP's completions and events come up through
+//! `engine::QpEvents`, which `qp::QpCore` implements, and every local and
+//! remote access is checked through `memory::MrTable`.
 
 pub(crate) mod channel;
 pub(crate) mod config;

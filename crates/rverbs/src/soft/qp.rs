@@ -1,5 +1,6 @@
-//! Queue pairs as the engine sees them: identity, the objects a QP uses
-//! (PD, CQs, context), its capabilities and attributes. The transport state
+//! Queue pair cores: identity, the objects a QP uses (PD, CQs, SRQ,
+//! context), its capabilities and attributes, and where the engine's
+//! completions and events for it go (`QpEvents`). The transport state
 //! itself lives in the device's engine, keyed by QP number.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -465,13 +465,18 @@ impl QueuePair {
         let verb = Verb::PostSend;
         let core = &self.core;
         let caps = core.caps;
-        // Each WR's arguments are checked as the engine comes to it, after
-        // its checks of the QP's state and room.
-        let reqs = wrs.iter().map(|wr| match core.qp_type {
+        // The engine checks each WR's arguments with `prepare`, after its
+        // checks of the QP's state and room.
+        let prepare = |wr: &SendWr<'_>| match core.qp_type {
             QpType::Ud => self.prepare_ud(wr),
             _ => self.prepare_rc(wr),
-        });
-        let refused = match core.ctx.device.engine.post_send(core.qpn, reqs, all) {
+        };
+        let refused = match core
+            .ctx
+            .device
+            .engine
+            .post_send(core.qpn, wrs, prepare, all)
+        {
             None => return Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
             Some(Ok(())) => return Ok(()),
             Some(Err(refused)) => refused,
@@ -629,9 +634,9 @@ impl QueuePair {
                 ),
             );
         }
-        // Each WR's arguments are checked as the engine comes to it, after
-        // its checks of the QP's state and room.
-        let reqs = wrs.iter().map(|wr| {
+        // The engine checks each WR's arguments with `prepare`, after its
+        // checks of the QP's state and room.
+        let prepare = |wr: &RecvWr<'_>| {
             if wr.sg_list.len() > caps.max_recv_sge as usize {
                 return Err(format!(
                     "{} SGEs exceed max_recv_sge {}",
@@ -645,8 +650,8 @@ impl QueuePair {
                 length: wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
                 pd: core.pd.handle,
             })
-        });
-        match dev.engine.post_recv(core.qpn, reqs) {
+        };
+        match dev.engine.post_recv(core.qpn, wrs, prepare) {
             None => Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
             Some(Ok(())) => Ok(()),
             Some(Err((index, why))) => match why {

@@ -63,10 +63,10 @@ use crate::wr::QpState;
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use rx::Received;
-use slot::QpSlot;
 pub(crate) use slot::{
-    CqFull, QpChange, QpEvents, RecvRefusal, Refused, SendRefusal, SendRequest, TransportConfig,
+    CqFull, QpChange, QpEvents, RecvRefusal, SendRefusal, SendRequest, TransportConfig,
 };
+use slot::{QpSlot, Refused};
 pub use stats::NetStats;
 pub(crate) use thread::Watch;
 use tx::TxPacket;
@@ -330,11 +330,10 @@ impl Engine {
             // membership until it looks again.
             let _ = self.waker.write(1);
         }
-        if let Some(slot) = st.qps.remove(&qpn) {
+        if let Some(mut slot) = st.qps.remove(&qpn) {
             if let Some(d) = slot.deadline {
                 st.timers.remove(&(d, qpn));
             }
-            let mut slot = slot;
             slot.reset();
             slot.add_counters(&mut st.stats);
         }
@@ -383,27 +382,32 @@ impl Engine {
     }
 
     /// Queues send WRs on QP `qpn` in order and transmits at once on the
-    /// caller's thread. Each WR is checked for the QP's state and room
-    /// before the verbs layer's verdict on its arguments (`reqs` is read
-    /// one WR at a time), and an RC/UC one for the PSNs it takes; with
-    /// `all`, none is queued unless every one passes.
-    pub(crate) fn post_send<E>(
+    /// caller's thread. Each WR is checked for the QP's state and room,
+    /// then by `prepare` (the verbs layer's argument checks, which make its
+    /// request), then, RC/UC, for the PSNs it takes; with `all`, none is
+    /// queued unless every one passes.
+    pub(crate) fn post_send<W, E>(
         &self,
         qpn: u32,
-        reqs: impl IntoIterator<Item = Result<SendRequest, E>>,
+        wrs: &[W],
+        prepare: impl FnMut(&W) -> Result<SendRequest, E>,
         all: bool,
     ) -> Option<Result<(), Refused<SendRefusal<E>>>> {
-        self.with_slot(AckPolicy::Now, qpn, |slot| slot.post_send(reqs, all))
+        self.with_slot(AckPolicy::Now, qpn, |slot| {
+            slot.post_send(wrs, prepare, all)
+        })
     }
 
     /// Queues receive WRs on QP `qpn` in order, each checked for the QP's
-    /// state and room before the verbs layer's verdict.
-    pub(crate) fn post_recv<E>(
+    /// state and room, then by `prepare` (the verbs layer's checks, which
+    /// make its WQE).
+    pub(crate) fn post_recv<W, E>(
         &self,
         qpn: u32,
-        reqs: impl IntoIterator<Item = Result<RecvWqe, E>>,
+        wrs: &[W],
+        prepare: impl FnMut(&W) -> Result<RecvWqe, E>,
     ) -> Option<Result<(), Refused<RecvRefusal<E>>>> {
-        self.with_slot(AckPolicy::Hold, qpn, |slot| slot.post_recv(reqs))
+        self.with_slot(AckPolicy::Hold, qpn, |slot| slot.post_recv(wrs, prepare))
     }
 
     /// An application thread busy-polls a CQ: for [`BUSY_POLL_GRACE`] the

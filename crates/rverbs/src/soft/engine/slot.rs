@@ -41,7 +41,7 @@ pub(crate) trait QpEvents: Send + Sync {
 // boxing the RC variant would add a pointer chase to every packet, for a
 // slot smaller than the two `Option`s it replaced.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Transport {
+pub(super) enum Transport {
     /// In RESET: no transport (it is built on the way to INIT).
     Reset,
     /// An RC or UC QP.
@@ -126,8 +126,8 @@ pub(crate) struct QpSlot {
     /// to an RC or UC QP.
     pub(super) peer: Option<SocketAddr>,
     /// Counters of transports this QP had before a reset.
-    pub(super) past: RcCounters,
-    pub(super) past_ud: UdCounters,
+    past: RcCounters,
+    past_ud: UdCounters,
     max_send_wr: usize,
     max_recv_wr: usize,
     /// This QP's entry in the engine's timer set (at or before its next
@@ -285,12 +285,13 @@ impl QpSlot {
     }
 
     /// Queues send WRs in order, each checked for the QP's state and room
-    /// first, then for the verbs layer's verdict on its arguments, then
-    /// (RC/UC) for the PSNs it takes. With `all`, none is queued unless
-    /// every one passes.
-    pub(super) fn post_send<E>(
+    /// first, then by `prepare` (the verbs layer's argument checks, which
+    /// make its request), then (RC/UC) for the PSNs it takes. With `all`,
+    /// none is queued unless every one passes.
+    pub(super) fn post_send<W, E>(
         &mut self,
-        reqs: impl IntoIterator<Item = Result<SendRequest, E>>,
+        wrs: &[W],
+        mut prepare: impl FnMut(&W) -> Result<SendRequest, E>,
         all: bool,
     ) -> Result<(), Refused<SendRefusal<E>>> {
         let state = self.state();
@@ -298,7 +299,7 @@ impl QpSlot {
         // they take.
         let mut ready: Vec<SendRequest> = Vec::new();
         let mut ahead = 0u32;
-        for (index, req) in reqs.into_iter().enumerate() {
+        for (index, wr) in wrs.iter().enumerate() {
             let fail = |why| Err((index, why));
             let queued = match &self.transport {
                 Transport::Rc(rc) => Some(rc.sq_len()),
@@ -314,7 +315,7 @@ impl QpSlot {
             if queued >= self.max_send_wr {
                 return fail(SendRefusal::QueueFull);
             }
-            let req = match req {
+            let req = match prepare(wr) {
                 Ok(r) => r,
                 Err(e) => return fail(SendRefusal::Invalid(e)),
             };
@@ -355,12 +356,14 @@ impl QpSlot {
     }
 
     /// Queues receive WRs in order, each checked for the QP's state (not
-    /// RESET) and room first, then for the verbs layer's verdict.
-    pub(super) fn post_recv<E>(
+    /// RESET) and room first, then by `prepare` (the verbs layer's argument
+    /// checks, which make its WQE).
+    pub(super) fn post_recv<W, E>(
         &mut self,
-        reqs: impl IntoIterator<Item = Result<RecvWqe, E>>,
+        wrs: &[W],
+        mut prepare: impl FnMut(&W) -> Result<RecvWqe, E>,
     ) -> Result<(), Refused<RecvRefusal<E>>> {
-        for (index, req) in reqs.into_iter().enumerate() {
+        for (index, wr) in wrs.iter().enumerate() {
             let fail = |why| Err((index, why));
             let queued = match &self.transport {
                 Transport::Rc(rc) => rc.rq_len(),
@@ -370,7 +373,7 @@ impl QpSlot {
             if queued >= self.max_recv_wr {
                 return fail(RecvRefusal::QueueFull);
             }
-            let wqe = match req {
+            let wqe = match prepare(wr) {
                 Ok(w) => w,
                 Err(e) => return fail(RecvRefusal::Invalid(e)),
             };

@@ -4,7 +4,7 @@
 //! briefly while a stream arrives; and leaves the socket to an application
 //! thread that busy-polls a CQ.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,29 +16,27 @@ use smallvec::SmallVec;
 
 use super::{multicast, next_deadline, progress, Driver, Engine, RX_SPIN};
 
-/// Something the engine thread watches for its device besides the network:
-/// a descriptor, and what to do when it is readable — also once as the
-/// thread starts, so a change from before it watched is not missed.
-pub(crate) struct Watch {
-    /// Polled for readability.
-    pub(crate) fd: OwnedFd,
-    /// Run when `fd` is readable (it must drain it) and at the start.
-    pub(crate) on_ready: Box<dyn Fn() + Send>,
+/// What the engine thread watches for its device besides the network (the
+/// host's address changes, for the port): a descriptor to poll, if there
+/// is one, and what to do when it is readable — it must drain it — and
+/// once as the thread starts, so a change from before it watched is not
+/// missed.
+pub(crate) trait Watch: Send + Sync {
+    /// The descriptor to poll for readability (`None`: nothing to poll;
+    /// [`on_ready`](Self::on_ready) still runs once at the start).
+    fn fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Drains the descriptor and acts on what changed.
+    fn on_ready(&self);
 }
 
 impl Engine {
-    /// Starts the engine thread, named `rverbs-{name}`, once; `watch` gives
-    /// what else it should watch. Whether this call started it.
-    pub(crate) fn start_thread(
-        self: &Arc<Self>,
-        name: &str,
-        watch: impl FnOnce() -> Option<Watch>,
-    ) -> bool {
+    /// Starts the engine thread, named `rverbs-{name}`, once, watching
+    /// `watch` too. Whether this call started it.
+    pub(crate) fn start_thread(self: &Arc<Self>, name: &str, watch: Box<dyn Watch>) -> bool {
         if self.thread_started.swap(true, Ordering::AcqRel) {
             return false;
         }
         let engine = self.clone();
-        let watch = watch();
         let spawned = std::thread::Builder::new()
             .name(format!("rverbs-{name}"))
             .spawn(move || engine_thread(&engine, watch));
@@ -51,7 +49,7 @@ impl Engine {
     }
 }
 
-fn engine_thread(engine: &Engine, watch: Option<Watch>) {
+fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
     let mrs = &*engine.mrs;
     // The thread's own handle on the socket: it stays open while the thread
     // sleeps on it, even if shutdown closes the engine's.
@@ -70,9 +68,7 @@ fn engine_thread(engine: &Engine, watch: Option<Watch>) {
     let mut group_fds: Vec<OwnedFd> = Vec::new();
     let mut groups_seen = 0;
     // A change before the thread watched goes unnoticed otherwise.
-    if let Some(w) = &watch {
-        (w.on_ready)();
-    }
+    watch.on_ready();
     loop {
         if engine.stopped.load(Ordering::Acquire) {
             return;
@@ -133,8 +129,9 @@ fn engine_thread(engine: &Engine, watch: Option<Watch>) {
         let mut fds: SmallVec<[PollFd<'_>; 4]> = SmallVec::new();
         fds.push(PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN));
         fds.push(PollFd::new(socket_fd.as_fd(), PollFlags::POLLIN));
-        if let Some(w) = &watch {
-            fds.push(PollFd::new(w.fd.as_fd(), PollFlags::POLLIN));
+        let watched_fd = watch.fd();
+        if let Some(fd) = watched_fd {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         for fd in &group_fds {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
@@ -146,12 +143,10 @@ fn engine_thread(engine: &Engine, watch: Option<Watch>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        let watched = watch.is_some() && fds[2].revents().is_some_and(|r| !r.is_empty());
+        let watched = watched_fd.is_some() && fds[2].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
         if watched {
-            if let Some(w) = &watch {
-                (w.on_ready)();
-            }
+            watch.on_ready();
         }
         let _ = engine.waker.read();
         let now = Instant::now();
