@@ -61,17 +61,6 @@ pub mod resources;
 mod soft;
 mod verbs;
 pub mod wc;
-
-/// Device counters of running programs — this one's and, over their
-/// counter sockets, other processes' (what `rverbs counters` shows and
-/// `RVERBS_COUNTERS=1` prints at a C program's exit).
-pub mod counters {
-    pub use crate::soft::counters::{running, summary, RunningDevice};
-}
-
-/// The UDP port RoCEv2 packets go to (4791), where every device's endpoint
-/// listens.
-pub use rverbs_wire::icrc::ROCE_V2_PORT;
 pub mod wr;
 
 pub use attr::{
@@ -97,3 +86,14 @@ pub use verbs::qp::{QpBuilder, QueuePair};
 pub use verbs::srq::{SharedReceiveQueue, SrqAttr, SrqAttrMask};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{Payload, QpState, RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
+
+/// Device counters of running programs — this one's and, over their
+/// counter sockets, other processes' (what `rverbs counters` shows and
+/// `RVERBS_COUNTERS=1` prints at a C program's exit).
+pub mod counters {
+    pub use crate::soft::counters::{running, summary, RunningDevice};
+}
+
+/// The UDP port RoCEv2 packets go to (4791), where every device's endpoint
+/// listens.
+pub use rverbs_wire::icrc::ROCE_V2_PORT;
