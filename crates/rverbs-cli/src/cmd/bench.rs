@@ -464,6 +464,11 @@ fn bandwidth(
         }
         let n = poll(&rig.cq, &mut wc)?;
         done += n as u64;
+        // A completion left over from another test would make the window
+        // arithmetic wrap (the loop then never posts again): refuse it.
+        if done > posted {
+            bail!("{done} completions for {posted} work requests posted");
+        }
         if n > 0 {
             pb.inc((n * size) as u64);
         }
@@ -482,6 +487,8 @@ fn pingpong(rig: &Rig, size: usize, iters: u32, pb: &ProgressBar) -> Result<Vec<
     let payload = vec![0x5au8; size];
     let mut wc = [WorkCompletion::default(); 16];
     let mut samples = Vec::with_capacity(iters as usize);
+    // Send completions seen (each ping is signaled).
+    let mut sent = 0u64;
     // Two receive WRs posted ahead: the one each reply uses is replenished
     // while the next ping is on its way, off the critical path.
     // Exactly `iters` in all, so none is left over for the next test.
@@ -502,12 +509,26 @@ fn pingpong(rig: &Rig, size: usize, iters: u32, pb: &ProgressBar) -> Result<Vec<
         while !got_reply {
             let n = poll(&rig.cq, &mut wc)?;
             got_reply = wc[..n].iter().any(|w| w.opcode == rverbs::WcOpcode::Recv);
+            sent += count_sends(&wc[..n]);
         }
         samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
         pb.inc(1);
     }
+    // A ping's own completion may come after its reply: wait for the last
+    // ones here, or the next test would count them as its own.
+    while sent < u64::from(iters) {
+        let n = poll(&rig.cq, &mut wc)?;
+        sent += count_sends(&wc[..n]);
+    }
     samples.sort_by(f64::total_cmp);
     Ok(samples)
+}
+
+/// How many of `wc` complete SENDs.
+fn count_sends(wc: &[WorkCompletion]) -> u64 {
+    wc.iter()
+        .filter(|w| w.opcode == rverbs::WcOpcode::Send)
+        .count() as u64
 }
 
 /// The median (upper one of an even count), `None` for no values.
