@@ -260,5 +260,7 @@ fn bench_latency_then_bandwidth_finishes() {
         for test in ["send_lat", "rdma_write", "\"send\""] {
             assert!(stdout.contains(test), "no {test} row in {stdout}");
         }
+        // Every row says how many packets were resent.
+        assert_eq!(stdout.matches("\"retransmitted\"").count(), 3, "{stdout}");
     }
 }

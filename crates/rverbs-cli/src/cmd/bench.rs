@@ -120,6 +120,10 @@ pub struct Row {
     /// baseline (lower is better).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
+    /// Request packets both devices sent again during the row's rounds
+    /// (go-back-N after a loss or a timeout): on loopback, where nothing is
+    /// lost, every one is a timer that fired too early.
+    pub retransmitted: u64,
 }
 
 const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -235,7 +239,13 @@ pub fn serve(listen: &str) -> Result<()> {
                 return Ok(());
             }
             ["idle"] => {} // one-sided tests: the engine thread serves them
-            ["recv", size, count] => serve_recv(&rig, size.parse()?, count.parse()?)?,
+            ["resent"] => {
+                let resent = rverbs::devices()?
+                    .first()
+                    .map_or(0, |d| d.net_stats().retransmitted);
+                send_line(&mut control, &format!("resent {resent}"))?;
+            }
+            ["recv", size, count] => serve_recv(&rig, size.parse()?, count.parse()?, &mut control)?,
             ["echo", size, count] => serve_echo(&rig, size.parse()?, count.parse()?)?,
             ["tcp", bytes] => {
                 let l = TcpListener::bind("127.0.0.1:0")?;
@@ -277,8 +287,9 @@ fn recv_sge(rig: &Rig, size: usize) -> Sge {
 
 /// Receives `count` SENDs of `size` bytes spread over the QPs, keeping
 /// receive WRs posted — exactly `count` of them, so none is left over for
-/// the next test.
-fn serve_recv(rig: &Rig, size: usize, count: u64) -> Result<()> {
+/// the next test. Says `ready` once the first ones are posted: SENDs that
+/// came before would meet no receive WR (RNR NAKs, and the window resent).
+fn serve_recv(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Result<()> {
     let sge = [recv_sge(rig, size)];
     let mut posted = 0u64;
     for qp in &rig.qps {
@@ -289,6 +300,7 @@ fn serve_recv(rig: &Rig, size: usize, count: u64) -> Result<()> {
             }
         }
     }
+    send_line(control, "ready")?;
     let mut done = 0u64;
     let mut wc = [WorkCompletion::default(); 64];
     while done < count {
@@ -599,6 +611,21 @@ fn spin<T>(mut recv: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
     }
 }
 
+/// Request packets resent so far by both devices: ours and the server's.
+fn resent(control: &mut TcpStream) -> Result<u64> {
+    send_line(control, "resent")?;
+    let reply = line(control)?;
+    let theirs: u64 = reply
+        .strip_prefix("resent ")
+        .ok_or_else(|| anyhow!("server said {reply:?}"))?
+        .parse()?;
+    expect_ok(control)?;
+    let ours = rverbs::devices()?
+        .first()
+        .map_or(0, |d| d.net_stats().retransmitted);
+    Ok(ours + theirs)
+}
+
 fn expect_ok(control: &mut TcpStream) -> Result<()> {
     let reply = line(control)?;
     if reply != "ok" {
@@ -642,6 +669,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                 &format!("send ping-pong {size} B"),
             );
             let (mut ours, mut udp, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let resent_before = resent(&mut server.control)?;
             for _ in 0..rounds {
                 send_line(&mut server.control, &format!("echo {size} {iters}"))?;
                 let round = pingpong(&rig, size, iters, &pb)?;
@@ -667,6 +695,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                 baseline_value: baseline.as_ref().map(|_| percentile(&udp, 0.5)),
                 baseline,
                 ratio: median(&mut ratios),
+                retransmitted: resent(&mut server.control)? - resent_before,
             });
             continue;
         }
@@ -681,15 +710,17 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
             let pb = bar(args, moved * u64::from(rounds), &format!("{name} {size} B"));
             let (mut gbps, mut rates, mut tcp, mut ratios) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let resent_before = resent(&mut server.control)?;
             for _ in 0..rounds {
-                send_line(
-                    &mut server.control,
-                    &if test == Test::Send {
-                        format!("recv {size} {count}")
-                    } else {
-                        "idle".to_string()
-                    },
-                )?;
+                if test == Test::Send {
+                    send_line(&mut server.control, &format!("recv {size} {count}"))?;
+                    let reply = line(&mut server.control)?;
+                    if reply != "ready" {
+                        bail!("server said {reply:?}");
+                    }
+                } else {
+                    send_line(&mut server.control, "idle")?;
+                }
                 let elapsed = bandwidth(&rig, test, size, count, (args.qd, args.post_list), &pb)?;
                 expect_ok(&mut server.control)?;
                 let ours = moved as f64 / elapsed.as_secs_f64() / 1e9;
@@ -713,6 +744,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                 baseline,
                 baseline_value: median(&mut tcp),
                 ratio: median(&mut ratios),
+                retransmitted: resent(&mut server.control)? - resent_before,
             });
         }
     }
@@ -735,8 +767,17 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
 fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
     writeln!(
         out,
-        "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7}",
-        "test", "size", "GB/s", "Mmsg/s", "median µs", "p99 µs", "baseline", "value", "ratio"
+        "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>7}",
+        "test",
+        "size",
+        "GB/s",
+        "Mmsg/s",
+        "median µs",
+        "p99 µs",
+        "baseline",
+        "value",
+        "ratio",
+        "resent"
     )?;
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
     for r in rows {
@@ -747,7 +788,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
         };
         writeln!(
             out,
-            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7}",
+            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>7}",
             r.test,
             r.size,
             opt(r.gb_per_s, 3),
@@ -757,6 +798,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
             r.baseline.as_deref().unwrap_or("-"),
             value,
             r.ratio.map_or("-".to_string(), |v| format!("{v:.2}x")),
+            r.retransmitted,
         )?;
     }
     Ok(())
