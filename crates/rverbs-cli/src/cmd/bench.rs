@@ -121,8 +121,9 @@ pub struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
     /// Request packets both devices sent again during the row's rounds
-    /// (go-back-N after a loss or a timeout): on loopback, where nothing is
-    /// lost, every one is a timer that fired too early.
+    /// (go-back-N after a NAK, an RNR NAK or a timeout): on loopback, where
+    /// nothing is lost, each comes from a receiver out of receive WRs or a
+    /// timer that fired while the peer was slow.
     pub retransmitted: u64,
 }
 
