@@ -260,7 +260,10 @@ fn bench_latency_then_bandwidth_finishes() {
         for test in ["send_lat", "rdma_write", "\"send\""] {
             assert!(stdout.contains(test), "no {test} row in {stdout}");
         }
-        // Every row says how many packets were resent.
-        assert_eq!(stdout.matches("\"retransmitted\"").count(), 3, "{stdout}");
+        // Every row says how many packets were resent, and what CPU time
+        // its rverbs side cost.
+        for field in ["\"retransmitted\"", "\"cpu\""] {
+            assert_eq!(stdout.matches(field).count(), 3, "{field} in {stdout}");
+        }
     }
 }

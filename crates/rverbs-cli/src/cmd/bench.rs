@@ -120,6 +120,17 @@ pub struct Row {
     /// baseline (lower is better).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
+    /// CPU time both processes (all their threads) spent on the rverbs
+    /// side of the row: seconds per GB moved (bandwidth tests) or per
+    /// million messages, pings and replies (latency test).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// The same for the baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_cpu: Option<f64>,
+    /// `cpu` / `baseline_cpu` (lower is better).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_ratio: Option<f64>,
     /// Request packets both devices sent again during the row's rounds
     /// (go-back-N after a NAK, an RNR NAK or a timeout): on loopback, where
     /// nothing is lost, each comes from a receiver out of receive WRs or a
@@ -240,6 +251,7 @@ pub fn serve(listen: &str) -> Result<()> {
                 return Ok(());
             }
             ["idle"] => {} // one-sided tests: the engine thread serves them
+            ["cpu"] => send_line(&mut control, &format!("cpu {}", cpu_time().as_nanos()))?,
             ["resent"] => {
                 let resent = rverbs::devices()?
                     .first()
@@ -247,7 +259,7 @@ pub fn serve(listen: &str) -> Result<()> {
                 send_line(&mut control, &format!("resent {resent}"))?;
             }
             ["recv", size, count] => serve_recv(&rig, size.parse()?, count.parse()?, &mut control)?,
-            ["echo", size, count] => serve_echo(&rig, size.parse()?, count.parse()?)?,
+            ["echo", size, count] => serve_echo(&rig, size.parse()?, count.parse()?, &mut control)?,
             ["tcp", bytes] => {
                 let l = TcpListener::bind("127.0.0.1:0")?;
                 send_line(&mut control, &format!("port {}", l.local_addr()?.port()))?;
@@ -323,7 +335,7 @@ fn serve_recv(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Re
 }
 
 /// Echoes `count` SENDs of `size` bytes on the first QP: receive, send back.
-fn serve_echo(rig: &Rig, size: usize, count: u64) -> Result<()> {
+fn serve_echo(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Result<()> {
     let qp = &rig.qps[0];
     let sge = [recv_sge(rig, size.max(1))];
     let mut posted = 0;
@@ -331,6 +343,9 @@ fn serve_echo(rig: &Rig, size: usize, count: u64) -> Result<()> {
         qp.post_recv(&RecvWr::new(0, &sge))?;
         posted += 1;
     }
+    // Pings before this would meet no receive WR: RNR NAKs, waits and
+    // resends inside the measurement.
+    send_line(control, "ready")?;
     let mut wc = [WorkCompletion::default(); 16];
     let mut data = vec![0u8; size];
     let (mut echoed, mut sent) = (0, 0);
@@ -612,6 +627,68 @@ fn spin<T>(mut recv: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
     }
 }
 
+/// CPU time this process (every thread) has used so far, user and system.
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(Duration::ZERO, |u| {
+        let tv = |t: nix::sys::time::TimeVal| {
+            Duration::from_secs(t.tv_sec().max(0) as u64)
+                + Duration::from_micros(t.tv_usec().max(0) as u64)
+        };
+        tv(u.user_time()) + tv(u.system_time())
+    })
+}
+
+/// CPU time both processes have used so far: ours and the server's.
+fn both_cpu(control: &mut TcpStream) -> Result<Duration> {
+    send_line(control, "cpu")?;
+    let reply = line(control)?;
+    let theirs: u64 = reply
+        .strip_prefix("cpu ")
+        .ok_or_else(|| anyhow!("server said {reply:?}"))?
+        .parse()?;
+    expect_ok(control)?;
+    Ok(cpu_time() + Duration::from_nanos(theirs))
+}
+
+/// Adds up CPU time over the phases of a row's rounds.
+#[derive(Default)]
+struct CpuBill {
+    ours: Duration,
+    baseline: Duration,
+}
+
+impl CpuBill {
+    /// Runs `phase` and adds both processes' CPU time to ours or to the
+    /// baseline's.
+    fn charge<T>(
+        &mut self,
+        control: &mut TcpStream,
+        baseline: bool,
+        phase: impl FnOnce(&mut TcpStream) -> Result<T>,
+    ) -> Result<T> {
+        let before = both_cpu(control)?;
+        let out = phase(control)?;
+        let used = both_cpu(control)?.saturating_sub(before);
+        if baseline {
+            self.baseline += used;
+        } else {
+            self.ours += used;
+        }
+        Ok(out)
+    }
+
+    /// Seconds per `units`: (ours, the baseline's, ours / the baseline's).
+    fn per(&self, units: f64, with_baseline: bool) -> (Option<f64>, Option<f64>, Option<f64>) {
+        let ours = self.ours.as_secs_f64() / units;
+        if !with_baseline {
+            return (Some(ours), None, None);
+        }
+        let base = self.baseline.as_secs_f64() / units;
+        (Some(ours), Some(base), (base > 0.0).then(|| ours / base))
+    }
+}
+
 /// Request packets resent so far by both devices: ours and the server's.
 fn resent(control: &mut TcpStream) -> Result<u64> {
     send_line(control, "resent")?;
@@ -625,6 +702,15 @@ fn resent(control: &mut TcpStream) -> Result<u64> {
         .first()
         .map_or(0, |d| d.net_stats().retransmitted);
     Ok(ours + theirs)
+}
+
+/// Waits for the server's word that its receive WRs are posted.
+fn expect_ready(control: &mut TcpStream) -> Result<()> {
+    let reply = line(control)?;
+    if reply != "ready" {
+        bail!("server said {reply:?}");
+    }
+    Ok(())
 }
 
 fn expect_ok(control: &mut TcpStream) -> Result<()> {
@@ -671,18 +757,28 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
             );
             let (mut ours, mut udp, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
             let resent_before = resent(&mut server.control)?;
+            let mut bill = CpuBill::default();
             for _ in 0..rounds {
-                send_line(&mut server.control, &format!("echo {size} {iters}"))?;
-                let round = pingpong(&rig, size, iters, &pb)?;
-                expect_ok(&mut server.control)?;
+                let round = bill.charge(&mut server.control, false, |control| {
+                    send_line(control, &format!("echo {size} {iters}"))?;
+                    expect_ready(control)?;
+                    let round = pingpong(&rig, size, iters, &pb)?;
+                    expect_ok(control)?;
+                    Ok(round)
+                })?;
                 if !args.no_baseline {
-                    let base = udp_pingpong(&mut server.control, size, iters)?;
+                    let base = bill.charge(&mut server.control, true, |control| {
+                        udp_pingpong(control, size, iters)
+                    })?;
                     ratios.push(percentile(&round, 0.5) / percentile(&base, 0.5));
                     udp.extend(base);
                 }
                 ours.extend(round);
             }
             pb.finish_and_clear();
+            // Per million messages: each round trip is a ping and a reply.
+            let messages = 2.0 * f64::from(iters * rounds) / 1e6;
+            let (cpu, baseline_cpu, cpu_ratio) = bill.per(messages, !args.no_baseline);
             ours.sort_by(f64::total_cmp);
             udp.sort_by(f64::total_cmp);
             let baseline = (!args.no_baseline).then(|| "udp ping-pong".to_string());
@@ -696,6 +792,9 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                 baseline_value: baseline.as_ref().map(|_| percentile(&udp, 0.5)),
                 baseline,
                 ratio: median(&mut ratios),
+                cpu,
+                baseline_cpu,
+                cpu_ratio,
                 retransmitted: resent(&mut server.control)? - resent_before,
             });
             continue;
@@ -712,28 +811,32 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
             let (mut gbps, mut rates, mut tcp, mut ratios) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let resent_before = resent(&mut server.control)?;
+            let mut bill = CpuBill::default();
             for _ in 0..rounds {
+                let before = both_cpu(&mut server.control)?;
                 if test == Test::Send {
                     send_line(&mut server.control, &format!("recv {size} {count}"))?;
-                    let reply = line(&mut server.control)?;
-                    if reply != "ready" {
-                        bail!("server said {reply:?}");
-                    }
+                    expect_ready(&mut server.control)?;
                 } else {
                     send_line(&mut server.control, "idle")?;
                 }
                 let elapsed = bandwidth(&rig, test, size, count, (args.qd, args.post_list), &pb)?;
                 expect_ok(&mut server.control)?;
+                bill.ours += both_cpu(&mut server.control)?.saturating_sub(before);
                 let ours = moved as f64 / elapsed.as_secs_f64() / 1e9;
                 gbps.push(ours);
                 rates.push(count as f64 / elapsed.as_secs_f64() / 1e6);
                 if !args.no_baseline {
-                    let base = tcp_stream(&mut server.control, size, moved)?;
+                    let base = bill.charge(&mut server.control, true, |control| {
+                        tcp_stream(control, size, moved)
+                    })?;
                     tcp.push(base);
                     ratios.push(ours / base);
                 }
             }
             pb.finish_and_clear();
+            let gb = (moved * u64::from(rounds)) as f64 / 1e9;
+            let (cpu, baseline_cpu, cpu_ratio) = bill.per(gb, !args.no_baseline);
             let baseline = (!args.no_baseline).then(|| "tcp stream".to_string());
             rows.push(Row {
                 test: name.into(),
@@ -745,6 +848,9 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                 baseline,
                 baseline_value: median(&mut tcp),
                 ratio: median(&mut ratios),
+                cpu,
+                baseline_cpu,
+                cpu_ratio,
                 retransmitted: resent(&mut server.control)? - resent_before,
             });
         }
@@ -768,7 +874,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
 fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
     writeln!(
         out,
-        "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>7}",
+        "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>6} {:>7}",
         "test",
         "size",
         "GB/s",
@@ -778,6 +884,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
         "baseline",
         "value",
         "ratio",
+        "cpu",
         "resent"
     )?;
     let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
@@ -789,7 +896,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
         };
         writeln!(
             out,
-            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>7}",
+            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>6} {:>7}",
             r.test,
             r.size,
             opt(r.gb_per_s, 3),
@@ -799,6 +906,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
             r.baseline.as_deref().unwrap_or("-"),
             value,
             r.ratio.map_or("-".to_string(), |v| format!("{v:.2}x")),
+            r.cpu_ratio.map_or("-".to_string(), |v| format!("{v:.2}x")),
             r.retransmitted,
         )?;
     }
