@@ -213,14 +213,17 @@ fn counters_of_a_running_program() {
 /// own send completion may arrive after its reply, and once one was left in
 /// the CQ for the WRITE test, which counted it as its own and (its window
 /// arithmetic wrapped) never posted again — a hang in about half the runs
-/// of `--tests lat,write`. Several rounds of both, twice, must finish.
+/// of `--tests lat,write`. Several rounds of both, busy-polling and in
+/// event mode (`--event`: both sides sleep on completion channels), must
+/// finish.
 #[test]
 fn bench_latency_then_bandwidth_finishes() {
     use std::time::{Duration, Instant};
-    for _ in 0..2 {
+    for mode in [None, Some("--event")] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+            .arg("bench")
+            .args(mode)
             .args([
-                "bench",
                 "--tests",
                 "lat,write,send",
                 "--iters",
@@ -245,7 +248,7 @@ fn bench_latency_then_bandwidth_finishes() {
         while child.try_wait().unwrap().is_none() {
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("rverbs bench --tests lat,write,send did not finish in 120 s");
+                panic!("rverbs bench {mode:?} --tests lat,write,send did not finish in 120 s");
             }
             std::thread::sleep(Duration::from_millis(50));
         }

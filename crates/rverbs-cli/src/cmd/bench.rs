@@ -18,8 +18,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rverbs::cm::{self, ConnectOptions, Endpoint};
 use rverbs::{
-    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
-    RecvWr, SendWr, Sge, WcStatus, WorkCompletion, WrOpcode,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
+    QpCaps, QueuePair, RecvWr, SendWr, Sge, WcStatus, WorkCompletion, WrOpcode,
 };
 use serde::Serialize;
 
@@ -58,6 +58,12 @@ pub struct BenchArgs {
     /// datagrams.
     #[arg(long)]
     pub post_list: bool,
+
+    /// Wait for completions on a completion channel — poll, arm the CQ,
+    /// poll again, sleep in `get_cq_event` — instead of busy-polling, on
+    /// both sides; the UDP ping-pong baseline then blocks in `recv` too
+    #[arg(long)]
+    pub event: bool,
     /// Round trips of the latency test.
     #[arg(long, default_value_t = 20_000)]
     pub iters: u32,
@@ -148,19 +154,26 @@ struct Rig {
     _ctx: Context,
     _pd: ProtectionDomain,
     cq: CompletionQueue,
+    /// With `--event`: the CQ's completion channel, which waits sleep on.
+    channel: Option<CompletionChannel>,
     qps: Vec<QueuePair>,
     mr: MemoryRegion,
     remote: Vec<Endpoint>,
 }
 
-fn rig(qps: u32, mr_len: usize, control: &mut TcpStream) -> Result<Rig> {
+fn rig(qps: u32, mr_len: usize, event: bool, control: &mut TcpStream) -> Result<Rig> {
     let dev = rverbs::devices()?
         .into_iter()
         .next()
         .ok_or_else(|| anyhow!("no RDMA device"))?;
     let ctx = dev.open()?;
     let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(16 * 1024)?;
+    let channel = event.then(|| ctx.create_comp_channel()).transpose()?;
+    let mut cq = ctx.cq_builder().cqe(16 * 1024);
+    if let Some(ch) = &channel {
+        cq = cq.channel(ch);
+    }
+    let cq = cq.build()?;
     let mr = pd.alloc_mr(mr_len, ALL_ACCESS)?;
     let opts = ConnectOptions {
         min_rnr_timer: 1,
@@ -187,6 +200,7 @@ fn rig(qps: u32, mr_len: usize, control: &mut TcpStream) -> Result<Rig> {
         _ctx: ctx,
         _pd: pd,
         cq,
+        channel,
         qps: list,
         mr,
         remote,
@@ -221,6 +235,30 @@ fn poll(cq: &CompletionQueue, wc: &mut [WorkCompletion]) -> Result<usize> {
     Ok(n)
 }
 
+impl Rig {
+    /// Completions into `wc`, failing on any error. Busy-polling, one poll
+    /// (it may find none); with a channel, it sleeps until there are some.
+    fn wait(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let Some(channel) = &self.channel else {
+            return poll(&self.cq, wc);
+        };
+        loop {
+            let n = poll(&self.cq, wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            // Arm, then look again: a completion that came before the arm
+            // raises no event.
+            self.cq.req_notify(false)?;
+            let n = poll(&self.cq, wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            channel.get_cq_event()?.ack();
+        }
+    }
+}
+
 // ---- server ---------------------------------------------------------------
 
 /// `rverbs bench --serve`: answers one client's commands until it quits.
@@ -233,11 +271,12 @@ pub fn serve(listen: &str) -> Result<()> {
     control.set_nodelay(true)?;
     let setup = line(&mut control)?;
     let f: Vec<&str> = setup.split_whitespace().collect();
-    let (qps, mr_len) = match f.as_slice() {
-        ["setup", q, m] => (q.parse()?, m.parse()?),
+    let (qps, mr_len, event) = match f.as_slice() {
+        ["setup", q, m] => (q.parse()?, m.parse()?, false),
+        ["setup", q, m, "event"] => (q.parse()?, m.parse()?, true),
         _ => bail!("bad setup line {setup:?}"),
     };
-    let rig = rig(qps, mr_len, &mut control)?;
+    let rig = rig(qps, mr_len, event, &mut control)?;
     loop {
         let cmd = line(&mut control)?;
         let f: Vec<&str> = cmd.split_whitespace().collect();
@@ -277,7 +316,9 @@ pub fn serve(listen: &str) -> Result<()> {
             ["udp", size, count] => {
                 let sock = UdpSocket::bind("127.0.0.1:0")?;
                 send_line(&mut control, &format!("port {}", sock.local_addr()?.port()))?;
-                sock.set_nonblocking(true)?;
+                // Busy-polled as the RDMA side polls its CQ; with --event
+                // it blocks, as the RDMA side sleeps on its channel.
+                sock.set_nonblocking(!event)?;
                 let mut buf = vec![0u8; size.parse::<usize>()?.max(1)];
                 for _ in 0..count.parse::<u64>()? {
                     let (n, from) = spin(|| sock.recv_from(&mut buf))?;
@@ -317,7 +358,7 @@ fn serve_recv(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Re
     let mut done = 0u64;
     let mut wc = [WorkCompletion::default(); 64];
     while done < count {
-        let n = poll(&rig.cq, &mut wc)?;
+        let n = rig.wait(&mut wc)?;
         for w in &wc[..n] {
             done += 1;
             if posted < count {
@@ -350,7 +391,7 @@ fn serve_echo(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Re
     let mut data = vec![0u8; size];
     let (mut echoed, mut sent) = (0, 0);
     while echoed < count || sent < count {
-        let n = poll(&rig.cq, &mut wc)?;
+        let n = rig.wait(&mut wc)?;
         for w in &wc[..n] {
             if w.opcode != rverbs::WcOpcode::Recv {
                 sent += 1;
@@ -490,7 +531,7 @@ fn bandwidth(
                 list.clear();
             }
         }
-        let n = poll(&rig.cq, &mut wc)?;
+        let n = rig.wait(&mut wc)?;
         done += n as u64;
         // A completion left over from another test would make the window
         // arithmetic wrap (the loop then never posts again): refuse it.
@@ -535,7 +576,7 @@ fn pingpong(rig: &Rig, size: usize, iters: u32, pb: &ProgressBar) -> Result<Vec<
         }
         let mut got_reply = false;
         while !got_reply {
-            let n = poll(&rig.cq, &mut wc)?;
+            let n = rig.wait(&mut wc)?;
             got_reply = wc[..n].iter().any(|w| w.opcode == rverbs::WcOpcode::Recv);
             sent += count_sends(&wc[..n]);
         }
@@ -545,7 +586,7 @@ fn pingpong(rig: &Rig, size: usize, iters: u32, pb: &ProgressBar) -> Result<Vec<
     // A ping's own completion may come after its reply: wait for the last
     // ones here, or the next test would count them as its own.
     while sent < u64::from(iters) {
-        let n = poll(&rig.cq, &mut wc)?;
+        let n = rig.wait(&mut wc)?;
         sent += count_sends(&wc[..n]);
     }
     samples.sort_by(f64::total_cmp);
@@ -593,7 +634,7 @@ fn tcp_stream(control: &mut TcpStream, size: usize, bytes: u64) -> Result<f64> {
     Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e9)
 }
 
-fn udp_pingpong(control: &mut TcpStream, size: usize, iters: u32) -> Result<Vec<f64>> {
+fn udp_pingpong(control: &mut TcpStream, size: usize, iters: u32, event: bool) -> Result<Vec<f64>> {
     send_line(control, &format!("udp {size} {iters}"))?;
     let port = line(control)?;
     let port = port
@@ -601,7 +642,7 @@ fn udp_pingpong(control: &mut TcpStream, size: usize, iters: u32) -> Result<Vec<
         .ok_or_else(|| anyhow!("server said {port:?}"))?;
     let sock = UdpSocket::bind("127.0.0.1:0")?;
     sock.connect(format!("127.0.0.1:{port}"))?;
-    sock.set_nonblocking(true)?;
+    sock.set_nonblocking(!event)?;
     let payload = vec![0x5au8; size.max(1)];
     let mut buf = vec![0u8; size.max(1)];
     let mut samples = Vec::with_capacity(iters as usize);
@@ -742,8 +783,12 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
         .max(args.lat_size)
         .max(4096);
     let mut server = start_server(args)?;
-    send_line(&mut server.control, &format!("setup {} {max}", args.qps))?;
-    let rig = rig(args.qps, max, &mut server.control)?;
+    let mode = if args.event { " event" } else { "" };
+    send_line(
+        &mut server.control,
+        &format!("setup {} {max}{mode}", args.qps),
+    )?;
+    let rig = rig(args.qps, max, args.event, &mut server.control)?;
     let mut rows = Vec::new();
     let rounds = args.rounds;
     for &test in &args.tests {
@@ -768,7 +813,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
                 })?;
                 if !args.no_baseline {
                     let base = bill.charge(&mut server.control, true, |control| {
-                        udp_pingpong(control, size, iters)
+                        udp_pingpong(control, size, iters, args.event)
                     })?;
                     ratios.push(percentile(&round, 0.5) / percentile(&base, 0.5));
                     udp.extend(base);
@@ -781,7 +826,12 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
             let (cpu, baseline_cpu, cpu_ratio) = bill.per(messages, !args.no_baseline);
             ours.sort_by(f64::total_cmp);
             udp.sort_by(f64::total_cmp);
-            let baseline = (!args.no_baseline).then(|| "udp ping-pong".to_string());
+            let udp_name = if args.event {
+                "udp blocking"
+            } else {
+                "udp ping-pong"
+            };
+            let baseline = (!args.no_baseline).then(|| udp_name.to_string());
             rows.push(Row {
                 test: "send_lat".into(),
                 size,
