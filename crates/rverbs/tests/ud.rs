@@ -598,17 +598,16 @@ for k in range(11):
             .qp_type(QpType::Ud)
             .build()
             .unwrap();
-    let out = std::process::Command::new(common::PYTHON)
-        .args(["-c", script, &addr.to_string()])
-        .arg(s.qp.qp_num().to_string())
-        .arg(QKEY.to_string())
-        .arg(idle.qp_num().to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run(
+        std::path::Path::new(common::PYTHON),
+        &[
+            "-c",
+            script,
+            &addr.to_string(),
+            &s.qp.qp_num().to_string(),
+            &QKEY.to_string(),
+            &idle.qp_num().to_string(),
+        ],
     );
     let got = quiet(&s.cq, Duration::from_secs(2));
     assert_eq!(got.len(), 5, "{got:?}\n{:?}", dev.net_stats());

@@ -630,7 +630,7 @@ fn tcp_stream(control: &mut TcpStream, size: usize, bytes: u64) -> Result<f64> {
         s.write_all(&buf[..n])?;
         left -= n as u64;
     }
-    expect_ok(control)?;
+    expect(control, "ok")?;
     Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e9)
 }
 
@@ -652,7 +652,7 @@ fn udp_pingpong(control: &mut TcpStream, size: usize, iters: u32, event: bool) -
         spin(|| sock.recv(&mut buf))?;
         samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
-    expect_ok(control)?;
+    expect(control, "ok")?;
     samples.sort_by(f64::total_cmp);
     Ok(samples)
 }
@@ -680,16 +680,23 @@ fn cpu_time() -> Duration {
     })
 }
 
-/// CPU time both processes have used so far: ours and the server's.
-fn both_cpu(control: &mut TcpStream) -> Result<Duration> {
-    send_line(control, "cpu")?;
+/// Asks the server for one of its figures: sends `what`, reads the
+/// `what N` it answers and the `ok` after it.
+fn ask_server(control: &mut TcpStream, what: &str) -> Result<u64> {
+    send_line(control, what)?;
     let reply = line(control)?;
-    let theirs: u64 = reply
-        .strip_prefix("cpu ")
+    let value = reply
+        .strip_prefix(what)
+        .and_then(|v| v.strip_prefix(' '))
         .ok_or_else(|| anyhow!("server said {reply:?}"))?
         .parse()?;
-    expect_ok(control)?;
-    Ok(cpu_time() + Duration::from_nanos(theirs))
+    expect(control, "ok")?;
+    Ok(value)
+}
+
+/// CPU time both processes have used so far: ours and the server's.
+fn both_cpu(control: &mut TcpStream) -> Result<Duration> {
+    Ok(cpu_time() + Duration::from_nanos(ask_server(control, "cpu")?))
 }
 
 /// Adds up CPU time over the phases of a row's rounds.
@@ -732,31 +739,17 @@ impl CpuBill {
 
 /// Request packets resent so far by both devices: ours and the server's.
 fn resent(control: &mut TcpStream) -> Result<u64> {
-    send_line(control, "resent")?;
-    let reply = line(control)?;
-    let theirs: u64 = reply
-        .strip_prefix("resent ")
-        .ok_or_else(|| anyhow!("server said {reply:?}"))?
-        .parse()?;
-    expect_ok(control)?;
     let ours = rverbs::devices()?
         .first()
         .map_or(0, |d| d.net_stats().retransmitted);
-    Ok(ours + theirs)
+    Ok(ours + ask_server(control, "resent")?)
 }
 
-/// Waits for the server's word that its receive WRs are posted.
-fn expect_ready(control: &mut TcpStream) -> Result<()> {
+/// Reads the server's next line, which must be `want` (`ok` after a
+/// command; `ready` once its receive WRs are posted).
+fn expect(control: &mut TcpStream, want: &str) -> Result<()> {
     let reply = line(control)?;
-    if reply != "ready" {
-        bail!("server said {reply:?}");
-    }
-    Ok(())
-}
-
-fn expect_ok(control: &mut TcpStream) -> Result<()> {
-    let reply = line(control)?;
-    if reply != "ok" {
+    if reply != want {
         bail!("server said {reply:?}");
     }
     Ok(())
@@ -806,9 +799,9 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
             for _ in 0..rounds {
                 let round = bill.charge(&mut server.control, false, |control| {
                     send_line(control, &format!("echo {size} {iters}"))?;
-                    expect_ready(control)?;
+                    expect(control, "ready")?;
                     let round = pingpong(&rig, size, iters, &pb)?;
-                    expect_ok(control)?;
+                    expect(control, "ok")?;
                     Ok(round)
                 })?;
                 if !args.no_baseline {
@@ -863,16 +856,18 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
             let resent_before = resent(&mut server.control)?;
             let mut bill = CpuBill::default();
             for _ in 0..rounds {
-                let before = both_cpu(&mut server.control)?;
-                if test == Test::Send {
-                    send_line(&mut server.control, &format!("recv {size} {count}"))?;
-                    expect_ready(&mut server.control)?;
-                } else {
-                    send_line(&mut server.control, "idle")?;
-                }
-                let elapsed = bandwidth(&rig, test, size, count, (args.qd, args.post_list), &pb)?;
-                expect_ok(&mut server.control)?;
-                bill.ours += both_cpu(&mut server.control)?.saturating_sub(before);
+                let elapsed = bill.charge(&mut server.control, false, |control| {
+                    if test == Test::Send {
+                        send_line(control, &format!("recv {size} {count}"))?;
+                        expect(control, "ready")?;
+                    } else {
+                        send_line(control, "idle")?;
+                    }
+                    let elapsed =
+                        bandwidth(&rig, test, size, count, (args.qd, args.post_list), &pb)?;
+                    expect(control, "ok")?;
+                    Ok(elapsed)
+                })?;
                 let ours = moved as f64 / elapsed.as_secs_f64() / 1e9;
                 gbps.push(ours);
                 rates.push(count as f64 / elapsed.as_secs_f64() / 1e6);
