@@ -1,0 +1,172 @@
+//! Issue 13's plain-verbs C reproducer, tests/c/busy_pingpong.c: two
+//! processes on the drop-in, each with its own device, ping-pong one
+//! signaled SEND at a time over RC while both busy-poll their CQ (timeout
+//! 12, retry_cnt 7) — alone, and with as many CPU hogs beside them as the
+//! machine has cores. On a lossless link no workload retransmits, and a QP
+//! whose peer process is alive never exhausts its retries: every run ends
+//! in "ALL OK" from both processes with no retransmission and no timer
+//! expiry in either device's counters (`RVERBS_COUNTERS=1`).
+//!
+//! Its own test binary, so that no other test of the crate runs beside it
+//! and skews it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+/// One run's outcome, from the program's output.
+struct Run {
+    label: String,
+    exit_ok: bool,
+    all_ok: usize,
+    /// Slowest iteration of each process, in µs.
+    slowest_us: Vec<u64>,
+    /// Each process's device counters (a missing counter is 0).
+    counters: Vec<HashMap<String, u64>>,
+    text: String,
+}
+
+impl Run {
+    fn counter(&self, name: &str) -> Vec<u64> {
+        self.counters
+            .iter()
+            .map(|c| c.get(name).copied().unwrap_or(0))
+            .collect()
+    }
+
+    /// Why this run fails the test, if it does.
+    fn faults(&self) -> Vec<String> {
+        let mut faults = Vec::new();
+        if !self.exit_ok {
+            faults.push("exit status".to_string());
+        }
+        if self.all_ok != 2 {
+            faults.push(format!("{} of 2 processes said ALL OK", self.all_ok));
+        }
+        if self.text.to_lowercase().contains("retry") {
+            faults.push("a retry error".to_string());
+        }
+        if self.counters.len() != 2 {
+            faults.push(format!("{} of 2 counter reports", self.counters.len()));
+        }
+        for name in ["retransmitted", "timeouts"] {
+            if self.counter(name).iter().any(|&n| n != 0) {
+                faults.push(format!("{name} {:?}", self.counter(name)));
+            }
+        }
+        faults
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{}: exit {}, ALL OK {}/2, slowest {:?} us, retransmitted {:?}, timeouts {:?}, \
+             duplicates {:?}",
+            self.label,
+            if self.exit_ok { "ok" } else { "FAILED" },
+            self.all_ok,
+            self.slowest_us,
+            self.counter("retransmitted"),
+            self.counter("timeouts"),
+            self.counter("duplicates"),
+        )
+    }
+}
+
+/// Runs the program once: `iterations` ping-pongs with `hogs` spinning
+/// threads in each process.
+fn run(exe: &Path, lib_dir: &Path, label: String, iterations: u32, hogs: u32) -> Run {
+    let out = Command::new(exe)
+        .arg(iterations.to_string())
+        .arg(hogs.to_string())
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .env("RVERBS_COUNTERS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Run {
+        label,
+        exit_ok: out.status.success(),
+        all_ok: text.lines().filter(|l| l.ends_with(": ALL OK")).count(),
+        slowest_us: text.lines().filter_map(slowest_us).collect(),
+        counters: text.lines().filter_map(counters).collect(),
+        text,
+    }
+}
+
+/// `<role>: slowest <µs> us …` → µs.
+fn slowest_us(line: &str) -> Option<u64> {
+    let rest = line.split_once(": slowest ")?.1;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// `rverbs: counters of <dev> (<addr>): name=value …` → the counters.
+fn counters(line: &str) -> Option<HashMap<String, u64>> {
+    let rest = line.strip_prefix("rverbs: counters of ")?;
+    let list = rest.split_once("):").map_or("", |(_, l)| l);
+    Some(
+        list.split_whitespace()
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn busy_polling_rc_ping_pong_never_retransmits_nor_exhausts_retries() {
+    let dir = common::LibDir::new("busy_pingpong");
+    let Some(exe) = common::compile_c(&dir.0, "busy_pingpong", include_str!("c/busy_pingpong.c"))
+    else {
+        return;
+    };
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
+    // Hogs per process: as many in all as the machine has cores.
+    let hogs = cores.div_ceil(2);
+    let plan = [(4, 1500, 0), (3, 800, hogs)];
+    let mut runs = Vec::new();
+    for (count, iterations, hogs) in plan {
+        for i in 1..=count {
+            let label = format!("{iterations} iterations, {hogs} hogs/process, run {i}/{count}");
+            runs.push(run(&exe, &dir.0, label, iterations, hogs));
+        }
+    }
+    let table: Vec<String> = runs.iter().map(Run::summary).collect();
+    let failed: Vec<String> = runs
+        .iter()
+        .filter(|r| !r.faults().is_empty())
+        .map(|r| format!("--- {}: {}\n{}", r.label, r.faults().join(", "), r.text))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} runs failed:\n{}\n\n{}",
+        failed.len(),
+        runs.len(),
+        table.join("\n"),
+        failed.join("\n")
+    );
+    // The figures of a passing run, for `--nocapture`.
+    eprintln!("{}", table.join("\n"));
+}
+
+#[test]
+fn counter_lines_parse_with_missing_counters_as_zero() {
+    let line = "rverbs: counters of rverbs0 (127.0.0.3): tx_packets=3068 retransmitted=59 \
+                timeouts=5";
+    let c = counters(line).unwrap();
+    assert_eq!(c.get("retransmitted"), Some(&59));
+    assert_eq!(c.get("timeouts"), Some(&5));
+    let quiet = counters("rverbs: counters of rverbs0 (127.0.0.4): ").unwrap();
+    assert!(quiet.is_empty());
+    assert_eq!(counters("parent: ALL OK"), None);
+    assert_eq!(
+        slowest_us("child: slowest 168709 us at iteration 406 of 1500"),
+        Some(168709)
+    );
+}
