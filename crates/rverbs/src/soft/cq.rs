@@ -13,6 +13,7 @@ use crate::resources::ResourceKind;
 use crate::soft::channel::ChannelCore;
 use crate::soft::context::{AsyncSource, ContextCore};
 use crate::soft::device::NUM_COMP_VECTORS;
+use crate::soft::engine::PollerWait;
 use crate::soft::Users;
 use crate::wc::{WcStatus, WorkCompletion};
 
@@ -93,6 +94,8 @@ pub(crate) struct CqCore {
     pub(crate) async_events: EventCounts,
     pub(crate) users: Users,
     released: AtomicBool,
+    /// How threads that find it empty wait: spin, then park.
+    pub(crate) wait: PollerWait,
 }
 
 fn check_cqe(ctx: &ContextCore, verb: Verb, cqe: u32) -> Result<(), Error> {
@@ -163,6 +166,7 @@ impl CqCore {
             async_events: EventCounts::default(),
             users: Users::default(),
             released: AtomicBool::new(false),
+            wait: PollerWait::default(),
         });
         if let Some(ch) = channel {
             ch.attach_cq();
@@ -206,6 +210,9 @@ impl CqCore {
             st.arm = Arm::Disarmed;
         }
         drop(st);
+        // A thread parked while polling (this CQ or another of the device)
+        // wakes up to look.
+        self.ctx.device.engine.ring();
         if fire {
             if let Some(ch) = &self.channel {
                 ch.queue.push(Arc::downgrade(self));
@@ -264,7 +271,6 @@ impl CqCore {
     }
 
     /// Completions waiting.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
     }

@@ -52,6 +52,93 @@ pub(crate) fn set_dont_fragment(fd: &impl AsRawFd, ipv6: bool) -> io::Result<()>
     }
 }
 
+/// Sleeps until one of `fds` is readable or `timeout` has passed
+/// (`ppoll(2)`; a signal ends it early); which of them are readable, bit
+/// `i` for `fds[i]` (of the first 32). Only the descriptor numbers are
+/// used: if one was closed meanwhile (or its number reused), the sleep
+/// merely ends early or at its timeout.
+pub(crate) fn wait_readable(fds: &[std::os::fd::RawFd], timeout: std::time::Duration) -> u32 {
+    let mut pfds: smallvec::SmallVec<[libc::pollfd; 4]> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `pfds` is a live array of `pfds.len()` pollfds and `ts` a live
+    // timespec, both outliving the call; no signal mask is passed. poll(2)
+    // only reads the descriptor numbers, so a closed or reused number is no
+    // memory hazard (POLLNVAL, or another file's readiness).
+    let n = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if n <= 0 {
+        return 0;
+    }
+    pfds.iter()
+        .take(32)
+        .enumerate()
+        .filter(|(_, p)| p.revents != 0)
+        .fold(0, |mask, (i, _)| mask | (1 << i))
+}
+
+/// `struct sched_attr` of `sched_setattr(2)` (libc does not define it).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    sched_policy: u32,
+    sched_flags: u64,
+    sched_nice: i32,
+    sched_priority: u32,
+    sched_runtime: u64,
+    sched_deadline: u64,
+    sched_period: u64,
+    sched_util_min: u32,
+    sched_util_max: u32,
+}
+
+/// Asks the scheduler for short time slices for the calling thread
+/// (`sched_setattr(2)` with `SCHED_OTHER` and `sched_runtime`; Linux 6.12
+/// and later): under EEVDF a task with a shorter slice, woken, preempts
+/// tasks with longer ones at once instead of waiting out their slice. Its
+/// share of the CPU does not change. Best effort: older kernels ignore it.
+/// The thread's policy and nice value are kept; only a normal
+/// (`SCHED_OTHER`) thread is changed.
+pub(crate) fn prefer_short_slices(slice: std::time::Duration) {
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    let mut attr = SchedAttr::default();
+    // SAFETY: `attr` is a live sched_attr of `size` bytes the kernel may
+    // fill; pid 0 is the calling thread; flags 0.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut attr as *mut SchedAttr,
+            size,
+            0,
+        )
+    };
+    if got != 0 || attr.sched_policy != libc::SCHED_OTHER as u32 {
+        return;
+    }
+    attr.size = size;
+    attr.sched_runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX);
+    // SAFETY: `attr` is a live, initialised sched_attr whose size field is
+    // its size; pid 0 is the calling thread; flags 0.
+    let _ = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
+}
+
 /// Room for one `UDP_SEGMENT` control message, aligned for `cmsghdr`.
 #[repr(C, align(8))]
 struct GsoControl([u8; 32]);

@@ -105,26 +105,45 @@ impl CompletionQueue {
     /// Moves up to `wc.len()` completions, oldest first, into `wc`; returns
     /// how many (`ibv_poll_cq`). Completions already queued stay readable
     /// after a disassociation.
+    ///
+    /// A thread that polls an empty CQ again and again is waiting: after
+    /// spinning for a while (as long as spinning has paid off on this CQ of
+    /// late), it sleeps in the call until a packet arrives or a completion
+    /// lands, a timer is due, or a millisecond has passed — so on a busy
+    /// host it does not take the core from the peer it waits for. A program
+    /// that polls now and then, between other work, never sleeps here.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let (n, armed) = self.core.poll_and_arm_state(wc);
+        let core = &self.core;
+        let engine = &core.ctx.device.engine;
+        let (n, armed) = core.poll_and_arm_state(wc);
         if n > 0 || wc.is_empty() {
+            if n > 0 {
+                core.wait.found(engine.nanos_since_start(Instant::now()));
+            }
             return Ok(n);
         }
-        let dev = &self.core.ctx.device;
-        let now = Instant::now();
+        let mut now = Instant::now();
         // A thread polling an empty CQ it has not armed counts as
         // busy-polling: the device's engine thread leaves the network to it
         // for a while.
         let polling = !armed;
         if polling {
-            dev.engine.note_busy_poll(now);
+            engine.note_busy_poll(now);
+            if core.wait.empty(engine.nanos_since_start(now)) {
+                core.wait.parking();
+                engine.park(now, || core.len() > 0);
+                now = Instant::now();
+                core.wait.woke(engine.nanos_since_start(now));
+            }
         }
         // Nothing yet: drive the device's progress on this thread if no one
         // else is, so a busy-polling program needs no second spinning thread.
-        if dev.engine.try_progress(polling, now) {
-            return Ok(self.core.poll(wc));
+        engine.try_progress(polling, now);
+        let n = core.poll(wc);
+        if n > 0 {
+            core.wait.found(engine.nanos_since_start(Instant::now()));
         }
-        Ok(0)
+        Ok(n)
     }
 
     /// Arms the notification: the next completion (or, with

@@ -34,6 +34,7 @@
 //! solved for (`rx`).
 
 mod multicast;
+mod park;
 mod rx;
 mod slot;
 mod stats;
@@ -43,7 +44,9 @@ mod tx;
 use std::collections::BTreeSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::ops::{Deref, DerefMut};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -62,6 +65,7 @@ use crate::wr::QpState;
 
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
+pub(crate) use park::PollerWait;
 use rx::Received;
 pub(crate) use slot::{
     CqFull, QpChange, QpEvents, RecvRefusal, SendRefusal, SendRequest, TransportConfig,
@@ -78,6 +82,11 @@ const RX_BUFFER: usize = 64 * 1024;
 /// Datagrams (or GRO batches) received per pass before timers and
 /// transmission get a turn.
 const RX_BUDGET: usize = 64;
+/// Longest a pass keeps receiving: the ACKs it owes leave at its end, so
+/// on a slow receiver (a debug build, a busy core) a pass through a full
+/// budget of GRO batches held them for tens of milliseconds, past the
+/// sender's retransmission timer.
+const RX_PASS_TIME: Duration = Duration::from_micros(250);
 /// Largest UDP payload one send (a GSO batch) may carry.
 const MAX_BATCH_BYTES: usize = 65_000;
 /// The transmit buffer: room for a few full batches, so one system call
@@ -91,12 +100,12 @@ const MAX_BATCH_SEGMENTS: usize = 64;
 /// without it the kernel caps them at net.core.rmem_max / wmem_max).
 const SOCKET_BUFFER: usize = 4 << 20;
 const SOCKET_BUFFER_FORCED: usize = 16 << 20;
-/// How long the engine thread keeps polling the socket after it last
-/// received something, before it sleeps.
-const RX_SPIN: Duration = Duration::from_micros(50);
 /// How long after an application's last poll of an empty CQ the engine
 /// thread keeps off the socket.
 const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
+
+/// Longest a due timer waits for a pass that reads the socket dry.
+const TIMER_DEFER: Duration = Duration::from_millis(1);
 
 /// What the device allows the engine.
 #[derive(Debug, Clone, Copy)]
@@ -165,6 +174,67 @@ pub(crate) struct Engine {
     /// Bumped whenever the set of multicast sockets changes (the engine
     /// thread then polls the new set).
     groups_changed: AtomicU64,
+    /// Threads parked on the socket and the bell (see `park`).
+    parked: AtomicU32,
+    /// When (nanoseconds after `epoch`) an application thread last polled
+    /// an empty CQ.
+    last_poll: AtomicU64,
+    /// Wakes parked threads when a completion lands in a CQ.
+    bell: EventFd,
+    /// What a busy poller reads, without the lock, to tell whether a pass
+    /// has anything to do (see [`may_have_work`](Self::may_have_work)), as
+    /// of the last time the lock was released.
+    hints: WorkHints,
+}
+
+/// The engine's state as of the last release of its lock, for a busy
+/// poller to read without taking it.
+#[derive(Debug)]
+struct WorkHints {
+    /// The socket's descriptor number (-1 once it is closed).
+    socket_fd: AtomicI32,
+    /// A pass is due at once: QPs owe packets or events, received packets
+    /// wait, or multicast sockets are open (not looked at here).
+    pending: AtomicBool,
+    /// The earliest timer, in nanoseconds after `epoch` (`u64::MAX`: none).
+    next_timer: AtomicU64,
+}
+
+/// The engine's lock held: the state, and on release the [`WorkHints`]
+/// brought up to date.
+struct Locked<'a> {
+    state: MutexGuard<'a, State>,
+    engine: &'a Engine,
+}
+
+impl Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let st = &*self.state;
+        let hints = &self.engine.hints;
+        let pending = !st.dirty.is_empty() || st.rx_left.is_some() || !st.groups.is_empty();
+        hints.pending.store(pending, Ordering::Release);
+        let next = st
+            .timers
+            .first()
+            .map_or(u64::MAX, |&(t, _)| self.engine.nanos_at(t));
+        hints.next_timer.store(next, Ordering::Release);
+        if st.socket.is_none() {
+            hints.socket_fd.store(-1, Ordering::Release);
+        }
+    }
 }
 
 impl Engine {
@@ -215,6 +285,7 @@ impl Engine {
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        let socket_fd = socket.as_raw_fd();
         let start = (getrandom::u32().unwrap_or(0x5a5a) & 0x00ff_ffff).max(2);
         Ok(Engine {
             state: Mutex::new(State {
@@ -249,18 +320,60 @@ impl Engine {
             thread_off_socket: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
             groups_changed: AtomicU64::new(0),
+            parked: AtomicU32::new(0),
+            last_poll: AtomicU64::new(0),
+            hints: WorkHints {
+                socket_fd: AtomicI32::new(socket_fd),
+                pending: AtomicBool::new(false),
+                next_timer: AtomicU64::new(u64::MAX),
+            },
+            bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        if let Ok(st) = self.state.try_lock() {
-            return st;
+    fn lock(&self) -> Locked<'_> {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // Let a spinning engine thread see someone waits (it steps
+                // back).
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                state
+            }
+        };
+        Locked {
+            state,
+            engine: self,
         }
-        // Let a spinning engine thread see someone waits (it steps back).
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        st
+    }
+
+    /// The lock if it is free.
+    fn try_lock(&self) -> Option<Locked<'_>> {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(Locked {
+            state,
+            engine: self,
+        })
+    }
+
+    /// Whether a pass may find something to do now: work is pending, a
+    /// timer is due, or the socket is readable — read without the lock, so
+    /// a busy poller with nothing to do never takes it. (A poller preempted
+    /// while holding the lock stalls the device until it runs again, which
+    /// on a busy host is milliseconds; one that spins on empty passes holds
+    /// it much of the time.)
+    fn may_have_work(&self, now: Instant) -> bool {
+        let hints = &self.hints;
+        hints.pending.load(Ordering::Acquire)
+            || self.nanos_at(now) >= hints.next_timer.load(Ordering::Acquire)
+            || sys::wait_readable(&[hints.socket_fd.load(Ordering::Acquire)], Duration::ZERO) != 0
     }
 
     /// Most packets of `mtu` bytes one QP should have in flight: half of
@@ -413,8 +526,31 @@ impl Engine {
     /// An application thread busy-polls a CQ: for [`BUSY_POLL_GRACE`] the
     /// engine thread leaves the socket and the timers to it.
     pub(crate) fn note_busy_poll(&self, now: Instant) {
-        let until = self.nanos_at(now + BUSY_POLL_GRACE);
-        self.busy_poll_until.store(until, Ordering::SeqCst);
+        self.last_poll.store(self.nanos_at(now), Ordering::Relaxed);
+        self.hold_socket_until(now);
+    }
+
+    /// A poller parks on the socket until `until`: the engine thread leaves
+    /// it alone until [`BUSY_POLL_GRACE`] after that.
+    fn hold_socket_until(&self, until: Instant) {
+        let until = self.nanos_at(until + BUSY_POLL_GRACE);
+        self.busy_poll_until.fetch_max(until, Ordering::SeqCst);
+    }
+
+    /// Whether the threads that poll may be behind the socket: all of them
+    /// parked, or none polled within [`thread::WATCHDOG`].
+    fn pollers_lag(&self, now: Instant) -> bool {
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        let last = self.last_poll.load(Ordering::Relaxed);
+        self.nanos_at(now).saturating_sub(last) > thread::WATCHDOG_NANOS
+    }
+
+    /// Nanoseconds from the engine's time base to `t`: the clock of a
+    /// [`PollerWait`].
+    pub(crate) fn nanos_since_start(&self, t: Instant) -> u64 {
+        self.nanos_at(t)
     }
 
     /// Makes progress if no one else is: for a thread that polls an empty
@@ -423,20 +559,15 @@ impl Engine {
     /// about to sleep on an armed CQ makes a full pass.
     pub(crate) fn try_progress(&self, busy: bool, now: Instant) -> bool {
         let driver = if busy { Driver::Poller } else { Driver::Engine };
-        match self.state.try_lock() {
-            Ok(mut st) => {
-                progress(&mut st, &self.mrs, now, driver);
-                self.wake_if_earlier(&st, now);
-                true
-            }
-            Err(TryLockError::Poisoned(p)) => {
-                let mut st = p.into_inner();
-                progress(&mut st, &self.mrs, now, driver);
-                self.wake_if_earlier(&st, now);
-                true
-            }
-            Err(TryLockError::WouldBlock) => false,
+        if busy && !self.may_have_work(now) {
+            return false;
         }
+        let Some(mut st) = self.try_lock() else {
+            return false;
+        };
+        progress(&mut st, &self.mrs, now, driver);
+        self.wake_if_earlier(&st, now);
+        true
     }
 
     /// An application thread is about to sleep on a completion channel:
@@ -529,14 +660,32 @@ enum Driver {
     /// The engine thread: a full receive batch; ACKs held while packets
     /// keep arriving, sent as soon as a pass finds none.
     Engine,
+    /// A poller about to park: no receive (it found the socket empty just
+    /// before; the sleep ends at once if a packet came since), due timers,
+    /// and every held ACK goes now (the sleeper would otherwise be woken
+    /// just to send it).
+    Parking,
 }
 
 /// One pass: receive a batch, run due timers, transmit and deliver.
 fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
     let before = st.stats.rx_recvs;
-    rx::receive(st, mem, now, driver);
+    // A poller about to park receives nothing: it just found the socket
+    // empty, and its sleep ends at once if a packet came since.
+    let drained = driver == Driver::Parking || rx::receive(st, mem, now, driver);
     let received = st.stats.rx_recvs != before;
-    while let Some(&(t, qpn)) = st.timers.first().filter(|&&(t, _)| t <= now) {
+    // Timers wait until the socket is read dry: an ACK still queued there
+    // would otherwise be found only after its packets were resent (a pass
+    // that stopped early for a poller's completion, or a thread that comes
+    // back from a long preemption to a due timer and a full socket). The
+    // next pass is due at once; under a flood that never lets the socket
+    // run dry, a timer waits `TIMER_DEFER` at most.
+    let ripe = if drained {
+        now
+    } else {
+        now.checked_sub(TIMER_DEFER).unwrap_or(now)
+    };
+    while let Some(&(t, qpn)) = st.timers.first().filter(|&&(t, _)| t <= ripe) {
         st.timers.remove(&(t, qpn));
         let Some(slot) = st.qps.get_mut(&qpn) else {
             continue;
@@ -556,7 +705,7 @@ fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
         // While a stream arrives, ACKs coalesce; once it pauses (a pass
         // that received nothing), every held ACK goes at once.
         Driver::Engine if received => AckPolicy::Hold,
-        Driver::Engine => {
+        Driver::Engine | Driver::Parking => {
             let mut held = std::mem::take(&mut st.held_acks);
             for &qpn in &held {
                 if let Some(slot) = st.qps.get_mut(&qpn) {

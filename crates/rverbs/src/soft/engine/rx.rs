@@ -15,7 +15,9 @@ use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
 
 use super::slot::Transport;
-use super::{mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER};
+use super::{
+    mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER, RX_PASS_TIME,
+};
 use crate::soft::memory::MrTable;
 use crate::soft::transport::RxDrop;
 
@@ -25,21 +27,25 @@ use crate::soft::transport::RxDrop;
 #[repr(C, align(8))]
 struct CmsgBuffer([u8; 64]);
 
-pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
+/// Receives a pass's datagrams. Whether it read the socket dry (a receive
+/// found nothing more): if not, packets still wait — an ACK among them, say
+/// — and retransmission timers must not run before they are seen.
+pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) -> bool {
     let Some(fd) = st.socket.as_ref().map(|s| s.as_raw_fd()) else {
-        return;
+        return true;
     };
     let local = st.local;
     // Segments of a batch a poller's pass left for later come first.
     if let Some(mut left) = st.rx_left.take() {
         if handle_segments(st, mem, now, local, driver, &mut left) {
             st.rx_left = Some(left);
-            return;
+            return false;
         }
         st.rx_spare = left.buf;
     }
     multicast::receive(st, mem);
     let mut rx = std::mem::take(&mut st.rx);
+    let mut drained = false;
     for _ in 0..RX_BUDGET {
         let mut cmsg = CmsgBuffer([0; 64]);
         let (n, from, gro) = {
@@ -51,10 +57,14 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Drive
                 MsgFlags::MSG_DONTWAIT,
             ) {
                 Ok(m) => m,
-                Err(Errno::EAGAIN) => break,
+                Err(Errno::EAGAIN) => {
+                    drained = true;
+                    break;
+                }
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
                     tracing::warn!("receive failed: {e}");
+                    drained = true;
                     break;
                 }
             };
@@ -91,15 +101,21 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Drive
             } else {
                 spare
             };
-            return;
+            return false;
         }
         rx = batch.buf;
         if driver == Driver::Poller && batch.completed {
             // Hand the poller its completion before another receive call.
             break;
         }
+        if now.elapsed() >= RX_PASS_TIME {
+            // A long pass holds the ACKs it owes (they go when it ends)
+            // and the lock: end it; the next one goes on at once.
+            break;
+        }
     }
     st.rx = rx;
+    drained
 }
 
 /// A received datagram (one packet, or a GRO batch of `seg`-byte segments)

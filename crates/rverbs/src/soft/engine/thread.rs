@@ -1,10 +1,10 @@
 //! The engine thread: sleeps in `ppoll(2)` on the socket, the multicast
 //! sockets, a wake-up eventfd and what its device asks it to watch (the
 //! host's address changes), with the earliest timer as timeout; spins
-//! briefly while a stream arrives; and leaves the socket to an application
-//! thread that busy-polls a CQ.
+//! briefly while a stream arrives (as long as spinning pays, see `park`);
+//! and leaves the socket to an application thread that busy-polls a CQ.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +14,17 @@ use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::time::TimeSpec;
 use smallvec::SmallVec;
 
-use super::{multicast, next_deadline, progress, Driver, Engine, RX_SPIN};
+use super::park::{Spin, SpinBudget, WaitEnd};
+use super::{multicast, next_deadline, progress, Driver, Engine};
+use crate::soft::sys;
+
+/// The time slice the engine thread asks for: short, so that, woken by a
+/// packet on a host whose cores are all busy, it gets on one at once.
+const ENGINE_SLICE: Duration = Duration::from_micros(100);
+/// While application threads poll, the engine thread looks this often
+/// whether they keep up with the socket.
+const WATCHDOG: Duration = Duration::from_micros(500);
+pub(super) const WATCHDOG_NANOS: u64 = WATCHDOG.as_nanos() as u64;
 
 /// What the engine thread watches for its device besides the network (the
 /// host's address changes, for the port): a descriptor to poll, if there
@@ -60,10 +70,14 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
             _ => return,
         }
     };
+    sys::prefer_short_slices(ENGINE_SLICE);
     // After a pass that received something, keep polling the socket for a
     // while before sleeping: a stream's next batch is then picked up without
-    // the sender's kernel having to wake this thread for every batch.
-    let mut spin_until: Option<Instant> = None;
+    // the sender's kernel having to wake this thread for every batch. How
+    // long is learnt (`SpinBudget`): where the sender shares our core, the
+    // spin only delays it, and the budget drops to nothing.
+    let rx_spin = SpinBudget::default();
+    let mut spinning: Option<(Instant, Spin)> = None;
     // The multicast sockets it watches too, as of `groups_seen`.
     let mut group_fds: Vec<OwnedFd> = Vec::new();
     let mut groups_seen = 0;
@@ -76,30 +90,38 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         // While an application busy-polls, it owns the socket and runs the
         // timers: sleep (without the lock) until its grace runs out.
         let now = Instant::now();
-        if let Some(until) = spin_until.filter(|&u| now < u) {
-            if engine.waiting.load(Ordering::SeqCst) > 0 {
-                // A thread waits for the lock (to post, say): the std mutex
-                // is not fair, so step back rather than win it again.
-                std::hint::spin_loop();
-                continue;
+        if let Some((since, spin)) = spinning {
+            let spun = u64::try_from(now.saturating_duration_since(since).as_nanos());
+            let spent = spin.spent(spun.unwrap_or(u64::MAX));
+            if !spent {
+                if engine.waiting.load(Ordering::SeqCst) > 0 {
+                    // A thread waits for the lock (to post, say): the std
+                    // mutex is not fair, so step back rather than win it again.
+                    std::hint::spin_loop();
+                    continue;
+                }
+                if engine.busy_polled_until(now).is_none() {
+                    let mut st = engine.lock();
+                    st.thread_wakes_at = Some(now);
+                    let before = st.stats.rx_recvs;
+                    progress(&mut st, mrs, now, Driver::Engine);
+                    let got = st.stats.rx_recvs != before;
+                    drop(st);
+                    if got {
+                        // The spin paid: a new one starts.
+                        rx_spin.finish(spin, WaitEnd::Spun(spun.unwrap_or(u64::MAX)));
+                        spinning = Some((now, rx_spin.start()));
+                    }
+                    std::hint::spin_loop();
+                    continue;
+                }
             }
-            if engine.busy_polled_until(now).is_none() {
-                let mut st = engine.lock();
-                st.thread_wakes_at = Some(now);
-                let before = st.stats.rx_recvs;
-                progress(&mut st, mrs, now, Driver::Engine);
-                let got = st.stats.rx_recvs != before;
-                drop(st);
-                spin_until = if got {
-                    Some(now + RX_SPIN)
-                } else {
-                    Some(until)
-                };
-                std::hint::spin_loop();
-                continue;
+            if spent {
+                // Spent without a packet: spinning did not pay.
+                rx_spin.finish(spin, WaitEnd::Slept);
             }
         }
-        spin_until = None;
+        spinning = None;
         if let Some(until) = engine.busy_polled_until(now) {
             // Announce the socket is left alone, then look again whether
             // the application still polls: app_will_sleep stores before it
@@ -107,9 +129,24 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
             engine.thread_off_socket.store(true, Ordering::SeqCst);
             if engine.busy_polled_until(now).is_some() {
                 let mut fds = [PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN)];
-                let left = TimeSpec::from_duration(until.saturating_duration_since(now));
+                let wake = until.min(now + WATCHDOG);
+                let left = TimeSpec::from_duration(wake.saturating_duration_since(now));
                 let _ = ppoll(&mut fds, Some(left), None);
                 let _ = engine.waker.read();
+                let now = Instant::now();
+                if engine.pollers_lag(now)
+                    && sys::wait_readable(&[socket_fd.as_raw_fd()], Duration::ZERO) != 0
+                {
+                    // Packets wait while the pollers are asleep or have not
+                    // polled for a while: on a busy host, the one woken for
+                    // them is not on a core yet. This thread, with its short
+                    // slice, gets on one at once: it makes the pass, so the
+                    // ACKs the peer waits for leave now.
+                    let mut st = engine.lock();
+                    progress(&mut st, mrs, now, Driver::Engine);
+                    drop(st);
+                    engine.ring();
+                }
             }
             engine.thread_off_socket.store(false, Ordering::SeqCst);
             continue;
@@ -160,7 +197,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         let before = st.stats.rx_recvs;
         progress(&mut st, mrs, now, Driver::Engine);
         if st.stats.rx_recvs != before {
-            spin_until = Some(now + RX_SPIN);
+            spinning = Some((now, rx_spin.start()));
         }
     }
 }

@@ -15,14 +15,22 @@ use crate::soft::transport::{scatter, Memory, QpEvent, WqeData};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, WrOpcode};
 
-/// Bounds of the adaptive retransmission timer. The floor sits above a
-/// scheduler time slice: on a busy host (two cores, three runnable
-/// threads) a peer is sometimes off the CPU for a few milliseconds, and a
-/// 0.5 ms floor resent up to a whole window (2 MiB) on a lossless loopback
-/// once or twice a second; a lost tail still recovers in milliseconds, not
-/// the IBTA timeout's tens of them.
-const MIN_FAST_RTO: Duration = Duration::from_millis(4);
+/// Bounds of the adaptive retransmission timer. The floor sits above the
+/// scheduling delays of a busy host: on two cores shared by spinning
+/// threads, a peer is now and then off the CPU for several milliseconds
+/// (a 0.5 ms floor resent up to a whole window, 2 MiB, on a lossless
+/// loopback once or twice a second; a 4 ms floor still resent now and
+/// then beside CPU hogs). A lost tail still recovers faster than the IBTA
+/// timeout's tens of milliseconds, without spending a retry.
+const MIN_FAST_RTO: Duration = Duration::from_millis(10);
 const MAX_FAST_RTO: Duration = Duration::from_secs(1);
+/// How long the largest recent round trip counts for the adaptive timer.
+const RTT_PEAK_MEMORY: Duration = Duration::from_secs(2);
+/// An adaptive timer that runs this late says the host is busy: our own
+/// threads were kept off the cores, and the peer's ACK, on a host as busy,
+/// may be late for the same reason. It waits as long again, once, before
+/// it resends.
+const LATE_TIMER: Duration = Duration::from_millis(1);
 
 /// What the completer keeps: how far the peer acknowledged, the retry
 /// budgets, and the retransmission timers with the round-trip estimate
@@ -41,7 +49,16 @@ pub(super) struct CompleterState {
     /// lost tail costs about a round trip instead of a whole `timeout`.
     pub(super) fast_rto_at: Option<Instant>,
     pub(super) fast_backoff: u32,
+    /// The adaptive timer, found late, was put off once (see
+    /// [`LATE_TIMER`]); cleared by progress.
+    pub(super) fast_deferred: bool,
+    /// Smoothed round trip and its mean deviation (RFC 6298).
     srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The largest round trip of about the last [`RTT_PEAK_MEMORY`], and
+    /// when it was measured: a peer that was once off the CPU for
+    /// milliseconds can be again, whatever the average says.
+    rtt_peak: Option<(Duration, Instant)>,
     /// A new packet being timed for the round-trip estimate (Karn: never a
     /// retransmitted one).
     pub(super) rtt_probe: Option<(Psn, Instant)>,
@@ -58,7 +75,10 @@ impl CompleterState {
             retransmit_at: None,
             fast_rto_at: None,
             fast_backoff: 0,
+            fast_deferred: false,
             srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_peak: None,
             rtt_probe: None,
         }
     }
@@ -69,6 +89,29 @@ impl CompleterState {
         self.una = cfg.sq_psn;
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
+    }
+}
+
+impl CompleterState {
+    /// A round trip measured at `now` (RFC 6298's smoothing).
+    fn rtt_sample(&mut self, sample: Duration, now: Instant) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(sample);
+                self.rttvar = sample / 2;
+            }
+            Some(srtt) => {
+                let dev = srtt.abs_diff(sample);
+                self.rttvar = (self.rttvar * 3 + dev) / 4;
+                self.srtt = Some((srtt * 7 + sample) / 8);
+            }
+        }
+        let keep = self.rtt_peak.is_some_and(|(p, at)| {
+            p >= sample && now.saturating_duration_since(at) < RTT_PEAK_MEMORY
+        });
+        if !keep {
+            self.rtt_peak = Some((sample, now));
+        }
     }
 }
 
@@ -293,11 +336,12 @@ impl RcQp {
         if let Some((psn, sent)) = self.comp.rtt_probe {
             if psn.is_before(una) {
                 let sample = now.saturating_duration_since(sent);
-                self.comp.srtt = Some(self.comp.srtt.map_or(sample, |s| (s * 7 + sample) / 8));
+                self.comp.rtt_sample(sample, now);
                 self.comp.rtt_probe = None;
             }
         }
         self.comp.fast_backoff = 0;
+        self.comp.fast_deferred = false;
         let outstanding = self.comp.una.is_before(self.req.sent_high);
         self.comp.retransmit_at = if outstanding {
             self.cfg.timeout.map(|t| now + t)
@@ -329,14 +373,31 @@ impl RcQp {
 
     // ---- timers -----------------------------------------------------------
 
-    /// The adaptive retransmission timeout: two smoothed round trips and a
-    /// margin, doubled per unanswered resend, within `[4 ms, timeout]`.
+    /// The adaptive retransmission timeout: the smoothed round trip and
+    /// four deviations (RFC 6298), and at least one and a half times the
+    /// largest recent round trip, doubled per unanswered resend, within
+    /// `[10 ms, timeout]`.
     pub(super) fn fast_rto(&self) -> Duration {
-        let base = self.comp.srtt.map_or(Duration::from_millis(1), |s| {
-            2 * s + Duration::from_micros(200)
-        });
+        let comp = &self.comp;
+        let base = comp
+            .srtt
+            .map_or(Duration::from_millis(1), |s| s + 4 * comp.rttvar);
+        let peak = comp.rtt_peak.map_or(Duration::ZERO, |(p, _)| p * 3 / 2);
         let cap = self.cfg.timeout.unwrap_or(MAX_FAST_RTO).min(MAX_FAST_RTO);
-        (base * (1 << self.comp.fast_backoff.min(10))).clamp(MIN_FAST_RTO, cap.max(MIN_FAST_RTO))
+        (base.max(peak) * (1 << comp.fast_backoff.min(10)))
+            .clamp(MIN_FAST_RTO, cap.max(MIN_FAST_RTO))
+    }
+
+    /// Whether the adaptive timer, due at `due` and found at `now`, is put
+    /// off (see [`LATE_TIMER`]); if so it is re-armed.
+    pub(super) fn defer_late_fast_rto(&mut self, due: Instant, now: Instant) -> bool {
+        let late = now.saturating_duration_since(due);
+        if late < LATE_TIMER || self.comp.fast_deferred {
+            return false;
+        }
+        self.comp.fast_deferred = true;
+        self.comp.fast_rto_at = Some(now + late);
+        true
     }
 
     // ---- completions and errors -------------------------------------------

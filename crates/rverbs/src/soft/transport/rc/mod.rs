@@ -370,7 +370,15 @@ impl RcQp {
             self.rewind();
             self.comp.retransmit_at = self.cfg.timeout.map(|t| now + t);
         }
-        if self.comp.fast_rto_at.is_some_and(|t| t <= now) && self.req.rnr_until.is_none() {
+        let late_put_off = self
+            .comp
+            .fast_rto_at
+            .filter(|&t| t <= now)
+            .is_some_and(|due| self.defer_late_fast_rto(due, now));
+        if !late_put_off
+            && self.comp.fast_rto_at.is_some_and(|t| t <= now)
+            && self.req.rnr_until.is_none()
+        {
             self.counters.timeouts += 1;
             self.cut_window();
             self.rewind();

@@ -1,0 +1,362 @@
+//! Waiting without taking a core from the peer: how a thread that polls an
+//! empty CQ, and the engine thread after a burst, decide between spinning
+//! and sleeping, and how a poller sleeps ("parks") so that the next packet
+//! or completion wakes it at once.
+//!
+//! Spinning is what makes a busy-polled ping-pong fast when a core is free:
+//! the reply is picked up without a wake-up. On a shared core it is what
+//! makes it slow: the peer whose packet we wait for cannot run while we
+//! spin. So each waiter keeps a [`SpinBudget`] that learns from its waits:
+//! a wait that ended while spinning keeps the budget (spinning paid); one
+//! that had to sleep anyway halves it (spinning only burned the peer's
+//! time). Now and then a wait probes with the full budget, so a budget cut
+//! down while cores were busy grows back once they are free.
+//!
+//! A parked poller sleeps in `ppoll(2)` on the device's socket and its
+//! bell — an eventfd that [`Engine::ring`] writes when a completion lands
+//! in a CQ while someone is parked — with the earliest timer as deadline.
+//! The kernel wakes it the moment a packet arrives, and a woken sleeper is
+//! put back on a core far sooner than a spinner that was preempted.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{next_deadline, progress, Driver, Engine};
+use crate::soft::sys;
+
+/// The most a waiter spins before it sleeps (and what a probe spins): a
+/// few round trips on a free core, so ping-pong and streams keep spinning.
+pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
+/// Longest one park lasts (a packet, a completion or a due timer ends it
+/// sooner), so a program that polls CQs of several devices in turn still
+/// comes back to each soon.
+pub(crate) const PARK_LIMIT: Duration = Duration::from_millis(1);
+/// Two empty polls further apart than this are not one spin: the program
+/// did something else between them (or was preempted), and a new streak
+/// starts — a program that polls now and then while it computes is never
+/// parked.
+const TIGHT_GAP: Duration = Duration::from_micros(20);
+/// A wait that ends sooner than this teaches the budget nothing.
+const SHORT_WAIT: Duration = Duration::from_micros(3);
+/// Waits between probes with the full budget: from `PROBE_FIRST`, doubled
+/// after each probe that did not pay, up to `PROBE_LAST`.
+const PROBE_FIRST: u32 = 16;
+const PROBE_LAST: u32 = 1024;
+
+/// How long a waiter spins before it sleeps, learnt from its waits (see the
+/// module docs). Shared by the threads that poll one CQ, hence atomics; a
+/// race merely blurs the estimate.
+#[derive(Debug)]
+pub(crate) struct SpinBudget {
+    /// Nanoseconds to spin.
+    budget: AtomicU64,
+    /// Waits started since the last probe.
+    since_probe: AtomicU32,
+    /// Waits between probes.
+    probe_every: AtomicU32,
+}
+
+impl Default for SpinBudget {
+    fn default() -> Self {
+        SpinBudget {
+            budget: AtomicU64::new(nanos(MAX_SPIN)),
+            since_probe: AtomicU32::new(0),
+            probe_every: AtomicU32::new(PROBE_FIRST),
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The spin a wait gets: the budget, or the full one when it probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Spin {
+    nanos: u64,
+    probe: bool,
+}
+
+impl Spin {
+    /// Whether `spun` nanoseconds used it up.
+    pub(crate) fn spent(self, spun: u64) -> bool {
+        spun >= self.nanos
+    }
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitEnd {
+    /// While spinning, after this many nanoseconds.
+    Spun(u64),
+    /// After the waiter slept.
+    Slept,
+}
+
+impl SpinBudget {
+    /// The spin for a wait starting now.
+    pub(crate) fn start(&self) -> Spin {
+        let max = nanos(MAX_SPIN);
+        let budget = self.budget.load(Ordering::Relaxed);
+        if budget < max {
+            let n = self.since_probe.fetch_add(1, Ordering::Relaxed) + 1;
+            if n >= self.probe_every.load(Ordering::Relaxed) {
+                self.since_probe.store(0, Ordering::Relaxed);
+                return Spin {
+                    nanos: max,
+                    probe: true,
+                };
+            }
+        }
+        Spin {
+            nanos: budget,
+            probe: false,
+        }
+    }
+
+    /// A wait with `spin` ended so. A wait that ended within
+    /// [`SHORT_WAIT`] teaches nothing: it would have ended as soon without
+    /// a spin (the answer was already there).
+    pub(crate) fn finish(&self, spin: Spin, end: WaitEnd) {
+        let max = nanos(MAX_SPIN);
+        match end {
+            WaitEnd::Spun(waited) if waited <= nanos(SHORT_WAIT) => {
+                if spin.probe {
+                    // Not a probe after all: the next wait probes.
+                    let every = self.probe_every.load(Ordering::Relaxed);
+                    self.since_probe.store(every, Ordering::Relaxed);
+                }
+            }
+            WaitEnd::Spun(waited) => {
+                // Spinning paid: spin at least twice as long as this wait.
+                let b = self.budget.load(Ordering::Relaxed);
+                self.budget
+                    .store(b.max(waited.saturating_mul(2)).min(max), Ordering::Relaxed);
+                if spin.probe {
+                    self.probe_every.store(PROBE_FIRST, Ordering::Relaxed);
+                }
+            }
+            WaitEnd::Slept if spin.probe => {
+                let every = self.probe_every.load(Ordering::Relaxed);
+                self.probe_every
+                    .store((every * 2).min(PROBE_LAST), Ordering::Relaxed);
+            }
+            WaitEnd::Slept => {
+                let b = self.budget.load(Ordering::Relaxed);
+                self.budget.store(b / 2, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The current budget (for tests and counters).
+    #[cfg(test)]
+    fn budget(&self) -> Duration {
+        Duration::from_nanos(self.budget.load(Ordering::Relaxed))
+    }
+}
+
+/// A CQ's view of the threads polling it while it is empty: the current
+/// streak of empty polls, and its [`SpinBudget`].
+#[derive(Debug, Default)]
+pub(crate) struct PollerWait {
+    /// Engine time (nanoseconds, plus one) of the streak's first empty
+    /// poll; 0: no streak.
+    since: AtomicU64,
+    /// Engine time of the last empty poll.
+    last: AtomicU64,
+    /// This streak's spin, in nanoseconds (`u64::MAX` marks a probe).
+    spin: AtomicU64,
+    /// This streak parked at least once.
+    parked: AtomicBool,
+    budget: SpinBudget,
+}
+
+impl PollerWait {
+    /// A poll found completions: a streak of empty polls, if there was one,
+    /// ends (and teaches the budget). Cheap when there was none.
+    pub(crate) fn found(&self, now: u64) {
+        self.last.store(now + 1, Ordering::Relaxed);
+        let since = self.since.load(Ordering::Relaxed);
+        if since == 0 {
+            return;
+        }
+        self.since.store(0, Ordering::Relaxed);
+        let end = if self.parked.load(Ordering::Relaxed) {
+            WaitEnd::Slept
+        } else {
+            WaitEnd::Spun((now + 1).saturating_sub(since))
+        };
+        self.budget.finish(self.current_spin(), end);
+    }
+
+    fn current_spin(&self) -> Spin {
+        match self.spin.load(Ordering::Relaxed) {
+            u64::MAX => Spin {
+                nanos: nanos(MAX_SPIN),
+                probe: true,
+            },
+            n => Spin {
+                nanos: n,
+                probe: false,
+            },
+        }
+    }
+
+    /// A poll at engine time `now` found the CQ empty: whether the poller
+    /// has spun its budget and should park.
+    pub(crate) fn empty(&self, now: u64) -> bool {
+        let now = now + 1;
+        let since = self.since.load(Ordering::Relaxed);
+        let last = self.last.swap(now, Ordering::Relaxed);
+        let tight = now.saturating_sub(last) <= nanos(TIGHT_GAP);
+        if since == 0 || !tight {
+            // A new streak (one left by a gap ended without a completion:
+            // the program went off to do something else, and it teaches
+            // nothing). Its first poll never parks: only a program that
+            // polls again at once is waiting, and one that polls now and
+            // then, between other work, never parks.
+            self.since.store(now, Ordering::Relaxed);
+            self.parked.store(false, Ordering::Relaxed);
+            let spin = self.budget.start();
+            let code = if spin.probe { u64::MAX } else { spin.nanos };
+            self.spin.store(code, Ordering::Relaxed);
+            return false;
+        }
+        self.current_spin().spent(now - since)
+    }
+
+    /// The poller parked.
+    pub(crate) fn parking(&self) {
+        self.parked.store(true, Ordering::Relaxed);
+    }
+
+    /// It woke up: the next poll is part of the same streak, however long
+    /// the park was.
+    pub(crate) fn woke(&self, now: u64) {
+        self.last.store(now + 1, Ordering::Relaxed);
+    }
+}
+
+impl Engine {
+    /// Parks a thread that polls an empty CQ: one pass first (what is due
+    /// runs and held ACKs go, so the sleeper is not woken just to send
+    /// them), then, unless work is pending or `ready` says the CQ has
+    /// something, a sleep until a packet arrives, [`ring`](Self::ring) is
+    /// called, the next timer is due, or [`PARK_LIMIT`] has passed. The
+    /// engine thread stays off the socket meanwhile. Returns at once if
+    /// another thread holds the engine.
+    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) {
+        let (fd, deadline) = {
+            let mut st = self.lock();
+            progress(&mut st, &self.mrs, now, Driver::Parking);
+            let Some(fd) = st.socket.as_ref().map(AsRawFd::as_raw_fd) else {
+                return;
+            };
+            (fd, next_deadline(&st))
+        };
+        let limit = now + PARK_LIMIT;
+        let until = deadline.map_or(limit, |d| d.min(limit));
+        let wait = until.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            return;
+        }
+        self.hold_socket_until(until);
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        // Anything pushed from here on rings the bell (`ring` sees the
+        // count), so a completion pushed just before cannot be missed.
+        let mut rung = false;
+        if !ready() {
+            let readable = sys::wait_readable(&[fd, self.bell.as_fd().as_raw_fd()], wait);
+            rung = readable & 2 != 0;
+        }
+        if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 && rung {
+            // The last one up silences the bell, and rings it again if
+            // someone parked meanwhile (that ring may have been for them).
+            // A ring it did not see is silenced by the next park, which it
+            // ends at once.
+            let _ = self.bell.read();
+            if self.parked.load(Ordering::SeqCst) > 0 {
+                let _ = self.bell.write(1);
+            }
+        }
+    }
+
+    /// A completion was pushed: wakes the threads parked on this device.
+    pub(crate) fn ring(&self) {
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            let _ = self.bell.write(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: u64 = 1_000;
+
+    #[test]
+    fn budget_halves_when_waits_sleep_and_recovers_by_probing() {
+        let b = SpinBudget::default();
+        assert_eq!(b.budget(), MAX_SPIN);
+        // Waits that ended while spinning keep the budget.
+        for _ in 0..10 {
+            let s = b.start();
+            b.finish(s, WaitEnd::Spun(20 * US));
+        }
+        assert_eq!(b.budget(), MAX_SPIN);
+        // Waits that had to sleep cut it down to nothing.
+        let mut probes = 0;
+        for _ in 0..200 {
+            let s = b.start();
+            probes += usize::from(s.probe);
+            b.finish(s, WaitEnd::Slept);
+        }
+        assert_eq!(b.budget(), Duration::ZERO);
+        assert!(probes > 0 && probes < 20, "{probes} probes");
+        // Probes that fail come ever more rarely.
+        assert!(b.probe_every.load(Ordering::Relaxed) > PROBE_FIRST);
+        // Waits that were over at once teach nothing, even as probes.
+        for _ in 0..2000 {
+            let s = b.start();
+            b.finish(s, WaitEnd::Spun(US));
+        }
+        assert_eq!(b.budget(), Duration::ZERO);
+        // Once a probe finds the answer while spinning, spinning is back,
+        // for twice as long as that wait took.
+        let s = loop {
+            let s = b.start();
+            if s.probe {
+                break s;
+            }
+            b.finish(s, WaitEnd::Slept);
+        };
+        assert_eq!(s.nanos, nanos(MAX_SPIN));
+        b.finish(s, WaitEnd::Spun(10 * US));
+        assert_eq!(b.budget(), Duration::from_micros(20));
+        assert_eq!(b.probe_every.load(Ordering::Relaxed), PROBE_FIRST);
+    }
+
+    #[test]
+    fn a_streak_parks_after_its_budget_and_gaps_start_a_new_one() {
+        let w = PollerWait::default();
+        assert!(!w.empty(0));
+        assert!(!w.empty(10 * US));
+        assert!(!w.empty(25 * US));
+        assert!(!w.empty(40 * US));
+        // Fifty microseconds of tight polling: park.
+        assert!(w.empty(55 * US));
+        w.parking();
+        w.woke(900 * US);
+        // The wake-up continues the streak, which found its completion
+        // after parking: the budget halves.
+        assert!(w.empty(901 * US));
+        w.found(902 * US);
+        assert_eq!(w.budget.budget(), MAX_SPIN / 2);
+        // A program that polls now and then never parks.
+        for k in 0..100 {
+            assert!(!w.empty(2_000 * US + k * 100 * US));
+        }
+    }
+}
