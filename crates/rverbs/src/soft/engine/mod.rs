@@ -181,6 +181,8 @@ pub(crate) struct Engine {
     last_poll: AtomicU64,
     /// Wakes parked threads when a completion lands in a CQ.
     bell: EventFd,
+    /// Completions pushed to the device's CQs, ever (see `park`).
+    pushed: AtomicU64,
     /// What a busy poller reads, without the lock, to tell whether a pass
     /// has anything to do (see [`may_have_work`](Self::may_have_work)), as
     /// of the last time the lock was released.
@@ -322,6 +324,7 @@ impl Engine {
             groups_changed: AtomicU64::new(0),
             parked: AtomicU32::new(0),
             last_poll: AtomicU64::new(0),
+            pushed: AtomicU64::new(0),
             hints: WorkHints {
                 socket_fd: AtomicI32::new(socket_fd),
                 pending: AtomicBool::new(false),

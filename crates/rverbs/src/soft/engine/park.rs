@@ -241,12 +241,14 @@ impl PollerWait {
 impl Engine {
     /// Parks a thread that polls an empty CQ: one pass first (what is due
     /// runs and held ACKs go, so the sleeper is not woken just to send
-    /// them), then, unless work is pending or `ready` says the CQ has
+    /// them), then, unless work is due, a completion was pushed to any CQ
+    /// of the device meanwhile, or `ready` says the polled CQ has
     /// something, a sleep until a packet arrives, [`ring`](Self::ring) is
     /// called, the next timer is due, or [`PARK_LIMIT`] has passed. The
-    /// engine thread stays off the socket meanwhile. Returns at once if
-    /// another thread holds the engine.
+    /// engine thread stays off the socket meanwhile (and watches that the
+    /// sleeper keeps up, see `thread`).
     pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) {
+        let pushed = self.pushed.load(Ordering::SeqCst);
         let (fd, deadline) = {
             let mut st = self.lock();
             progress(&mut st, &self.mrs, now, Driver::Parking);
@@ -263,10 +265,11 @@ impl Engine {
         }
         self.hold_socket_until(until);
         self.parked.fetch_add(1, Ordering::SeqCst);
-        // Anything pushed from here on rings the bell (`ring` sees the
-        // count), so a completion pushed just before cannot be missed.
+        // A completion pushed from here on rings the bell (`ring` sees the
+        // count); one pushed since this call began moved `pushed`; one
+        // pushed before that to the CQ polled is there for `ready`.
         let mut rung = false;
-        if !ready() {
+        if self.pushed.load(Ordering::SeqCst) == pushed && !ready() {
             let readable = sys::wait_readable(&[fd, self.bell.as_fd().as_raw_fd()], wait);
             rung = readable & 2 != 0;
         }
@@ -284,6 +287,7 @@ impl Engine {
 
     /// A completion was pushed: wakes the threads parked on this device.
     pub(crate) fn ring(&self) {
+        self.pushed.fetch_add(1, Ordering::SeqCst);
         if self.parked.load(Ordering::SeqCst) > 0 {
             let _ = self.bell.write(1);
         }

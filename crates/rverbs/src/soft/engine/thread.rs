@@ -144,8 +144,6 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                     // ACKs the peer waits for leave now.
                     let mut st = engine.lock();
                     progress(&mut st, mrs, now, Driver::Engine);
-                    drop(st);
-                    engine.ring();
                 }
             }
             engine.thread_off_socket.store(false, Ordering::SeqCst);
