@@ -339,19 +339,21 @@ fn recv_sge(rig: &Rig, size: usize) -> Sge {
     }
 }
 
-/// Receives `count` SENDs of `size` bytes spread over the QPs, keeping
-/// receive WRs posted — exactly `count` of them, so none is left over for
-/// the next test. Says `ready` once the first ones are posted: SENDs that
-/// came before would meet no receive WR (RNR NAKs, and the window resent).
+/// Receives `count` SENDs of `size` bytes spread over the QPs, keeping up
+/// to 2048 receive WRs posted per QP: each QP gets exactly as many as the
+/// client sends on it (it sends SEND n on QP n % qps), so none is left over
+/// for the next test and none is missing. Says `ready` once the first ones
+/// are posted: SENDs that came before would meet no receive WR (RNR NAKs,
+/// and the window resent).
 fn serve_recv(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Result<()> {
     let sge = [recv_sge(rig, size)];
-    let mut posted = 0u64;
-    for qp in &rig.qps {
-        for _ in 0..2048.min(count / rig.qps.len() as u64 + 1) {
-            if posted < count {
-                qp.post_recv(&RecvWr::new(0, &sge))?;
-                posted += 1;
-            }
+    let qps = rig.qps.len() as u64;
+    let share = |i: usize| count / qps + u64::from((i as u64) < count % qps);
+    let mut posted = vec![0u64; rig.qps.len()];
+    for (i, qp) in rig.qps.iter().enumerate() {
+        while posted[i] < share(i).min(2048) {
+            qp.post_recv(&RecvWr::new(0, &sge))?;
+            posted[i] += 1;
         }
     }
     send_line(control, "ready")?;
@@ -361,14 +363,14 @@ fn serve_recv(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Re
         let n = rig.wait(&mut wc)?;
         for w in &wc[..n] {
             done += 1;
-            if posted < count {
-                let qp = rig
-                    .qps
-                    .iter()
-                    .find(|q| q.qp_num() == w.qp_num)
-                    .unwrap_or(&rig.qps[0]);
-                qp.post_recv(&RecvWr::new(0, &sge))?;
-                posted += 1;
+            let i = rig
+                .qps
+                .iter()
+                .position(|q| q.qp_num() == w.qp_num)
+                .unwrap_or(0);
+            if posted[i] < share(i) {
+                rig.qps[i].post_recv(&RecvWr::new(0, &sge))?;
+                posted[i] += 1;
             }
         }
     }
