@@ -1826,12 +1826,17 @@ fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> String {
     };
     let span = match args.duration {
         Some(secs) => format!("{secs} s per measurement"),
-        None => format!(
-            "{} bytes per size and {} round trips{}",
-            args.bytes,
-            args.iters,
-            if args.pairs > 1 { " per pair" } else { "" }
-        ),
+        None => {
+            let mut counts = Vec::new();
+            if args.tests.iter().any(|&t| t != Test::Lat) {
+                counts.push(format!("{} bytes per size", args.bytes));
+            }
+            if args.tests.contains(&Test::Lat) {
+                counts.push(format!("{} round trips", args.iters));
+            }
+            let each = if args.pairs > 1 { " per pair" } else { "" };
+            format!("{}{each}", counts.join(" and "))
+        }
     };
     let mut text = format!(
         "setup: {pairs}; {span}, in {} rounds; rverbs placement: {placement}",
