@@ -1839,8 +1839,9 @@ fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> String {
         }
     };
     let mut text = format!(
-        "setup: {pairs}; {span}, in {} rounds; rverbs placement: {placement}",
-        args.rounds
+        "setup: {pairs}; {span}, in {} round{}; rverbs placement: {placement}",
+        args.rounds,
+        if args.rounds == 1 { "" } else { "s" }
     );
     if !args.no_baseline {
         text += &format!("; baseline placement: {placement} (the same processes)");
