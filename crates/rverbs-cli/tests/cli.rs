@@ -270,3 +270,255 @@ fn bench_latency_then_bandwidth_finishes() {
         }
     }
 }
+
+/// Runs `rverbs bench ARGS --json --quiet` to the end (killed and failed
+/// after `limit`), and returns its JSON rows and how long it ran.
+fn bench_json(args: &[&str], limit: std::time::Duration) -> (Vec<serde_json::Value>, f64) {
+    use std::time::Instant;
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+        .arg("bench")
+        .args(args)
+        .args(["--json", "--quiet"])
+        .env_remove("RVERBS_CONFIG")
+        .env_remove("RVERBS_ADDR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read stdout as it comes: a full pipe would stall the child.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+        text
+    });
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("rverbs bench {args:?} did not finish in {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let took = start.elapsed().as_secs_f64();
+    let out = child.wait_with_output().unwrap();
+    let stdout = reader.join().unwrap();
+    assert!(
+        out.status.success(),
+        "rverbs bench {args:?}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("rverbs bench {args:?} printed no JSON ({e}):\n{stdout}"));
+    (rows, took)
+}
+
+fn num(v: &serde_json::Value, field: &str) -> f64 {
+    v[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no number {field} in {v}"))
+}
+
+/// `--pairs 2`: two client/server process pairs run each phase at once,
+/// the baselines too. Every row has both pairs' own figures, each pair
+/// made progress on both sides, and the row's figures are theirs together.
+#[test]
+fn bench_pairs_report_every_pair() {
+    for mode in [None, Some("--event")] {
+        let mut args = vec![
+            "--pairs",
+            "2",
+            "--tests",
+            "lat,write",
+            "--sizes",
+            "4096",
+            "--bytes",
+            "1048576",
+            "--iters",
+            "100",
+            "--rounds",
+            "2",
+        ];
+        args.extend(mode);
+        let (rows, _) = bench_json(&args, std::time::Duration::from_secs(300));
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for row in &rows {
+            assert_eq!(row["pairs"], 2, "{row}");
+            assert_eq!(row["placement"], "unpinned", "{row}");
+            assert_eq!(row["baseline_placement"], "unpinned", "{row}");
+            let pairs = row["per_pair"].as_array().expect("per_pair");
+            assert_eq!(pairs.len(), 2, "{row}");
+            let mut messages = 0.0;
+            for (i, pair) in pairs.iter().enumerate() {
+                assert_eq!(pair["pair"], i + 1, "{row}");
+                assert!(
+                    num(pair, "messages") > 0.0,
+                    "a pair made no progress: {row}"
+                );
+                assert!(num(pair, "baseline_messages") > 0.0, "{row}");
+                assert!(num(pair, "baseline_value") > 0.0, "{row}");
+                assert!(num(pair, "ratio") > 0.0, "{row}");
+                messages += num(pair, "messages");
+            }
+            assert_eq!(num(row, "messages"), messages, "{row}");
+            assert!(num(row, "ratio") > 0.0, "{row}");
+            assert!(row["worst_pair"].is_number(), "{row}");
+        }
+        let (lat, write) = (&rows[0], &rows[1]);
+        assert_eq!(lat["test"], "send_lat");
+        // 100 round trips in 2 rounds, per pair.
+        assert_eq!(num(lat, "messages"), 200.0, "{lat}");
+        assert!(num(lat, "p99_us") >= num(lat, "median_us"), "{lat}");
+        assert!(
+            num(lat, "baseline_p99_us") >= num(lat, "baseline_value"),
+            "{lat}"
+        );
+        for pair in lat["per_pair"].as_array().unwrap() {
+            assert!(num(pair, "p99_us") >= num(pair, "median_us"), "{lat}");
+            assert!(num(pair, "baseline_p99_us") > 0.0, "{lat}");
+        }
+        assert_eq!(write["test"], "rdma_write");
+        let sum: f64 = write["per_pair"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| num(p, "gb_per_s"))
+            .sum();
+        assert!(num(write, "gb_per_s") > 0.0, "{write}");
+        assert!(num(write, "worst_pair") <= sum, "{write}");
+    }
+}
+
+/// The first CPU this test may run on.
+fn first_cpu() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = field(&status, "Cpus_allowed_list");
+    list.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `--pin` pins client and server — and so the baselines, which run in the
+/// same processes — and says where; `--cpus` puts them all on one CPU,
+/// every pair.
+#[test]
+fn bench_pin_says_where_everything_ran() {
+    let limit = std::time::Duration::from_secs(300);
+    let (rows, _) = bench_json(
+        &[
+            "--pin",
+            "--tests",
+            "lat,write",
+            "--sizes",
+            "4096",
+            "--bytes",
+            "1048576",
+            "--iters",
+            "100",
+            "--rounds",
+            "1",
+        ],
+        limit,
+    );
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        let placement = row["placement"].as_str().unwrap();
+        assert!(
+            placement.starts_with("client cpu ") && placement.contains(", server cpu "),
+            "{row}"
+        );
+        assert_eq!(row["baseline_placement"], placement, "{row}");
+        assert!(num(row, "messages") > 0.0, "{row}");
+        assert!(num(row, "baseline_messages") > 0.0, "{row}");
+    }
+
+    let cpu = first_cpu();
+    let (rows, _) = bench_json(
+        &[
+            "--pin",
+            "--cpus",
+            &cpu,
+            "--pairs",
+            "2",
+            "--tests",
+            "lat",
+            "--iters",
+            "40",
+            "--rounds",
+            "1",
+            "--no-baseline",
+        ],
+        limit,
+    );
+    let one = format!("client cpu {cpu}, server cpu {cpu}");
+    assert_eq!(rows[0]["placement"], format!("{one} (every pair)"));
+    assert!(rows[0].get("baseline_placement").is_none(), "no baseline");
+    for pair in rows[0]["per_pair"].as_array().unwrap() {
+        assert_eq!(pair["placement"], one.as_str());
+        assert_eq!(pair["messages"], 40, "{pair}");
+    }
+}
+
+/// `--duration`: every row — bandwidth, SEND bandwidth (which ends with an
+/// end mark) and latency, ours and the baselines — runs for its time and
+/// makes progress, and the tests after an open-ended SEND test still finish
+/// (receive WRs it left posted are counted on).
+#[test]
+fn bench_duration_runs_each_measurement_for_a_time() {
+    for mode in [None, Some("--event")] {
+        let mut args = vec![
+            "--duration",
+            "0.6",
+            "--rounds",
+            "2",
+            "--tests",
+            "send,lat,write,send",
+            "--sizes",
+            "4096",
+        ];
+        args.extend(mode);
+        let (rows, took) = bench_json(&args, std::time::Duration::from_secs(300));
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        for row in &rows {
+            assert!(num(row, "messages") > 0.0, "{row}");
+            assert!(num(row, "baseline_messages") > 0.0, "{row}");
+            assert!(num(row, "ratio") > 0.0, "{row}");
+        }
+        // Four rows, each 0.6 s of ours and 0.6 s of its baseline.
+        assert!(took >= 4.0 * 2.0 * 0.6, "{mode:?} took only {took} s");
+    }
+}
+
+/// Options that do not go together are refused by the parser, before
+/// anything runs; a CPU this process may not use is a plain error.
+#[test]
+fn bench_bad_options_are_clear_errors() {
+    for args in [
+        &["--pairs", "0"][..],
+        &["--pairs", "2", "--server", "127.0.0.1:9"],
+        &["--pin", "--server", "127.0.0.1:9"],
+        &["--cpus", "0"],
+        &["--no-pin", "--cpus", "0"],
+        &["--duration", "1", "--bytes", "1000"],
+        &["--duration", "1", "--iters", "10"],
+        &["--duration", "0"],
+        &["--duration", "soon"],
+        &["--pin", "--cpus", "zero"],
+    ] {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        let out = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+            .args(&all)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let (ok, out, err) = rverbs(&["bench", "--pin", "--cpus", "100000"], None);
+    assert!(!ok && out.is_empty());
+    assert!(err.contains("may not run on CPU 100000"), "{err}");
+}

@@ -7,10 +7,20 @@
 //!
 //! The client drives; the server answers commands on a TCP control
 //! connection (one line each) and runs its side of every test.
+//!
+//! With `--pairs N` the command starts N client processes (hidden
+//! `--pair-worker`s), each with its own server process, and starts every
+//! measured phase — ours or a baseline — in all pairs at once: each worker
+//! says `wait` on its stdout before a phase and begins it when the parent
+//! writes `go` to its stdin; at the end it prints `report` and its raw
+//! figures as JSON, which the parent adds up. `--pin` pins each client and
+//! server process to a CPU; `--duration` runs each measurement for a time
+//! instead of a number of bytes or round trips.
 
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::net::{Shutdown, TcpListener, TcpStream, UdpSocket};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -21,10 +31,10 @@ use rverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
     QpCaps, QueuePair, RecvWr, SendWr, Sge, WcStatus, WorkCompletion, WrOpcode,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which measurements to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Test {
     /// RDMA WRITE bandwidth and message rate.
@@ -38,12 +48,12 @@ pub enum Test {
 }
 
 /// Options of `rverbs bench`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone, Serialize, Deserialize)]
 pub struct BenchArgs {
     /// Message sizes for the bandwidth tests, in bytes.
     #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 65536, 1 << 20])]
     pub sizes: Vec<usize>,
-    /// Bytes to move per bandwidth test and size.
+    /// Bytes to move per bandwidth test and size (per pair with --pairs).
     #[arg(long, default_value_t = 512 << 20)]
     pub bytes: u64,
     /// Outstanding work requests (queue depth) per QP.
@@ -64,7 +74,7 @@ pub struct BenchArgs {
     /// both sides; the UDP ping-pong baseline then blocks in `recv` too
     #[arg(long)]
     pub event: bool,
-    /// Round trips of the latency test.
+    /// Round trips of the latency test (per pair with --pairs).
     #[arg(long, default_value_t = 20_000)]
     pub iters: u32,
     /// Message size of the latency test.
@@ -79,6 +89,34 @@ pub struct BenchArgs {
     /// shared machine skews one round, not the result).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: u32,
+    /// Run each measurement for SECS seconds in all instead of moving
+    /// --bytes or making --iters round trips: every round runs ours for
+    /// SECS / --rounds, then its baseline for as long (so a row takes about
+    /// 2 × SECS).
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with_all = ["bytes", "iters"])]
+    pub duration: Option<f64>,
+    /// Client/server process pairs to run at once, each pair two processes
+    /// with a device each; the baselines run as many pairs at once. Rows
+    /// then show the sum over the pairs (bandwidth) or all their samples
+    /// pooled (latency), then each pair's own figures.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "server")]
+    pub pairs: u32,
+    /// Pin every client and server process to one CPU (sched_setaffinity):
+    /// the first pair's client to the first CPU of --cpus and its server to
+    /// the second, the next pair's to the next two, and so on round the
+    /// list. The baselines run in the same processes,
+    /// so they are pinned the same. With --serve: the server pins itself
+    /// to the first CPU of --cpus (default: the first it may use).
+    #[arg(long, overrides_with = "no_pin", conflicts_with = "server")]
+    pub pin: bool,
+    /// Leave the processes where the scheduler puts them (the default).
+    #[arg(long, overrides_with = "pin", conflicts_with = "cpus")]
+    pub no_pin: bool,
+    /// With --pin: the CPUs to use, comma-separated (default: every CPU this
+    /// process may run on). `--pin --cpus 0` puts everything on CPU 0, as
+    /// `taskset -c 0` does.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "pin")]
+    pub cpus: Vec<usize>,
     /// Skip the TCP and UDP baselines.
     #[arg(long)]
     pub no_baseline: bool,
@@ -95,40 +133,72 @@ pub struct BenchArgs {
     /// Run as the server, listening for one client on this TCP address.
     #[arg(long, value_name = "HOST:PORT", num_args = 0..=1, default_missing_value = "127.0.0.1:0")]
     pub serve: Option<String>,
+    /// Run as one client of `--pairs`: read these options as JSON from
+    /// stdin, then take each phase's start from it (internal).
+    #[arg(long, hide = true)]
+    pub pair_worker: bool,
 }
 
-/// One measured figure with its baseline.
+/// Parses `--duration`: seconds, at least a millisecond, at most a day.
+fn parse_secs(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.001..=86_400.0).contains(&secs) {
+        return Err("must be between 0.001 and 86400 seconds".into());
+    }
+    Ok(secs)
+}
+
+/// One measured figure with its baseline: the whole of it, every pair
+/// together.
 #[derive(Debug, Serialize)]
 pub struct Row {
     /// What was measured.
     pub test: String,
     /// Message size in bytes.
     pub size: usize,
-    /// Bandwidth tests: GB/s (10^9 bytes per second).
+    /// Client/server pairs that ran at once.
+    pub pairs: u32,
+    /// Where rverbs' processes ran: `unpinned`, or the CPUs of the client
+    /// and the server.
+    pub placement: String,
+    /// Where the baseline ran (the same processes, so the same place).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_placement: Option<String>,
+    /// Bandwidth tests: GB/s (10^9 bytes per second), summed over the
+    /// pairs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gb_per_s: Option<f64>,
-    /// Bandwidth tests: millions of messages per second.
+    /// Bandwidth tests: millions of messages per second, summed over the
+    /// pairs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mmsg_per_s: Option<f64>,
-    /// Latency tests: median half round trip, µs.
+    /// Latency tests: median half round trip, µs, of every pair's samples.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub median_us: Option<f64>,
-    /// Latency tests: 99th percentile half round trip, µs.
+    /// Latency tests: 99th percentile half round trip, µs, of every pair's
+    /// samples.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_us: Option<f64>,
     /// The baseline's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline: Option<String>,
-    /// The baseline's figure (GB/s, or median µs).
+    /// The baseline's figure (GB/s summed over the pairs, or median µs of
+    /// every pair's samples).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_value: Option<f64>,
+    /// Latency tests: the baseline's 99th percentile, µs, of every pair's
+    /// samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_p99_us: Option<f64>,
     /// Bandwidth: ours / baseline (higher is better). Latency: ours /
     /// baseline (lower is better).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
-    /// CPU time both processes (all their threads) spent on the rverbs
-    /// side of the row: seconds per GB moved (bandwidth tests) or per
-    /// million messages, pings and replies (latency test).
+    /// CPU time both processes of every pair (all their threads) spent on
+    /// the rverbs side of the row: seconds per GB moved (bandwidth tests) or
+    /// per million messages, pings and replies (latency test).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<f64>,
     /// The same for the baseline.
@@ -137,12 +207,156 @@ pub struct Row {
     /// `cpu` / `baseline_cpu` (lower is better).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_ratio: Option<f64>,
-    /// Request packets both devices sent again during the row's rounds
-    /// (go-back-N after a NAK, an RNR NAK or a timeout): on loopback, where
-    /// nothing is lost, each comes from a receiver out of receive WRs or a
-    /// timer that fired while the peer was slow.
+    /// Request packets both devices of every pair sent again during the
+    /// row's rounds (go-back-N after a NAK, an RNR NAK or a timeout): on
+    /// loopback, where nothing is lost, each comes from a receiver out of
+    /// receive WRs or a timer that fired while the peer was slow.
     pub retransmitted: u64,
+    /// Work requests (bandwidth tests) or round trips (latency test) of the
+    /// rverbs side, over every round and pair.
+    pub messages: u64,
+    /// The same for the baseline: writes of `size` bytes, or round trips.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_messages: Option<u64>,
+    /// With more than one pair: the worst pair's figure — the lowest GB/s,
+    /// or the highest median µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst_pair: Option<f64>,
+    /// With more than one pair: each pair's own figures.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_pair: Vec<PairFigures>,
 }
+
+/// One pair's own figures in a row of `--pairs`.
+#[derive(Debug, Serialize)]
+pub struct PairFigures {
+    /// The pair, from 1.
+    pub pair: u32,
+    /// Where this pair's processes ran.
+    pub placement: String,
+    /// Bandwidth tests: GB/s (median of the rounds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gb_per_s: Option<f64>,
+    /// Bandwidth tests: millions of messages per second (median of the
+    /// rounds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmsg_per_s: Option<f64>,
+    /// Latency tests: median half round trip, µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_us: Option<f64>,
+    /// Latency tests: 99th percentile half round trip, µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_us: Option<f64>,
+    /// The baseline's figure in this pair (GB/s, or median µs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_value: Option<f64>,
+    /// Latency tests: the baseline's 99th percentile in this pair, µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_p99_us: Option<f64>,
+    /// Median of this pair's per-round ratios to its baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// Request packets this pair's devices sent again.
+    pub retransmitted: u64,
+    /// Work requests or round trips of the rverbs side, over the rounds.
+    pub messages: u64,
+    /// The same for the baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_messages: Option<u64>,
+}
+
+/// One side — rverbs or its baseline — of one round of one pair, raw.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Side {
+    /// Work requests or writes (bandwidth tests), round trips (latency).
+    messages: u64,
+    /// Bytes moved (bandwidth tests).
+    bytes: u64,
+    /// How long it took (bandwidth tests).
+    secs: f64,
+    /// Half round trips in ns (latency test), sorted.
+    samples_ns: Vec<u64>,
+}
+
+impl Side {
+    fn gb_per_s(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.bytes as f64 / self.secs / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    fn mmsg_per_s(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.messages as f64 / self.secs / 1e6
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One round of one pair: ours, then the baseline.
+#[derive(Debug, Serialize, Deserialize)]
+struct Round {
+    ours: Side,
+    baseline: Option<Side>,
+}
+
+/// One pair's raw results for one row; a `--pair-worker` reports a list
+/// of these to its parent.
+#[derive(Debug, Serialize, Deserialize)]
+struct PairRow {
+    test: String,
+    size: usize,
+    latency: bool,
+    rounds: Vec<Round>,
+    /// CPU time of both processes on our side, ns.
+    cpu_ns: u64,
+    /// The same on the baseline's.
+    baseline_cpu_ns: u64,
+    /// Request packets both devices resent during the row.
+    resent: u64,
+}
+
+/// How long one side of a round runs: a number of operations (work
+/// requests, round trips, or for the TCP stream bytes), or a time.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    Count(u64),
+    Time(Duration),
+}
+
+impl Span {
+    /// Whether a loop that has done `done` operations since `start` goes on.
+    fn more(self, done: u64, start: Instant) -> bool {
+        match self {
+            Span::Count(count) => done < count,
+            Span::Time(time) => start.elapsed() < time,
+        }
+    }
+
+    /// The count a server command carries: the number, or 0 for "until the
+    /// client's end mark".
+    fn wire(self) -> u64 {
+        match self {
+            Span::Count(count) => count,
+            Span::Time(_) => 0,
+        }
+    }
+
+    /// The number, if it is one.
+    fn count(self) -> Option<u64> {
+        match self {
+            Span::Count(count) => Some(count),
+            Span::Time(_) => None,
+        }
+    }
+}
+
+/// The immediate data of the SEND that ends an open-ended (`--duration`)
+/// SEND test or ping-pong: the receiver stops there.
+const END_MARK: u32 = 0x454e_4421;
 
 const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -159,6 +373,10 @@ struct Rig {
     qps: Vec<QueuePair>,
     mr: MemoryRegion,
     remote: Vec<Endpoint>,
+    /// Receive WRs posted and not yet consumed, per QP. A test that counts
+    /// posts exactly as many as it receives; an open-ended one
+    /// (`--duration`) leaves some, which the next test counts on.
+    recvs: Vec<Cell<u64>>,
 }
 
 fn rig(qps: u32, mr_len: usize, event: bool, control: &mut TcpStream) -> Result<Rig> {
@@ -201,6 +419,7 @@ fn rig(qps: u32, mr_len: usize, event: bool, control: &mut TcpStream) -> Result<
         _pd: pd,
         cq,
         channel,
+        recvs: list.iter().map(|_| Cell::new(0)).collect(),
         qps: list,
         mr,
         remote,
@@ -257,12 +476,135 @@ impl Rig {
             channel.get_cq_event()?.ack();
         }
     }
+
+    /// Posts one receive WR on QP `i`, over the whole MR: whatever test
+    /// comes next, its SENDs fit.
+    fn post_recv(&self, i: usize) -> Result<()> {
+        let sge = [Sge {
+            addr: self.mr.iova(),
+            length: self.mr.len() as u32,
+            lkey: self.mr.lkey(),
+        }];
+        self.qps[i].post_recv(&RecvWr::new(0, &sge))?;
+        self.recvs[i].set(self.recvs[i].get() + 1);
+        Ok(())
+    }
+
+    /// Counts the receive WR that `w` consumed; returns its QP's index.
+    fn consumed(&self, w: &WorkCompletion) -> usize {
+        let i = self
+            .qps
+            .iter()
+            .position(|q| q.qp_num() == w.qp_num)
+            .unwrap_or(0);
+        self.recvs[i].set(self.recvs[i].get().saturating_sub(1));
+        i
+    }
+
+    /// Sends the end mark of an open-ended test on the first QP and waits
+    /// for its completion (and no other).
+    fn send_end_mark(&self) -> Result<()> {
+        let mark = SendWr::new(u64::MAX, WrOpcode::SendWithImm { imm: END_MARK }, &[]);
+        self.qps[0].post_send(&mark.signaled())?;
+        let mut wc = [WorkCompletion::default(); 1];
+        while self.wait(&mut wc)? == 0 {}
+        if wc[0].wr_id != u64::MAX {
+            bail!(
+                "a completion for work request {} after the last",
+                wc[0].wr_id
+            );
+        }
+        Ok(())
+    }
+}
+
+// ---- placement ------------------------------------------------------------
+
+/// Pins the calling thread — and so every thread it starts from now on —
+/// to `cpu`.
+fn pin_to(cpu: usize) -> Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    set.set(cpu)
+        .map_err(|_| anyhow!("there is no CPU {cpu} (at most {})", CpuSet::count()))?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .with_context(|| format!("cannot pin to CPU {cpu}"))
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Result<Vec<usize>> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    let set = sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .context("cannot read this process's CPU affinity")?;
+    Ok((0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
+}
+
+/// Where each pair's (client, server) processes run: `None` unpinned.
+fn placements(args: &BenchArgs) -> Result<Vec<Option<(usize, usize)>>> {
+    if !args.pin {
+        return Ok(vec![None; args.pairs as usize]);
+    }
+    let allowed = allowed_cpus()?;
+    let cpus = if args.cpus.is_empty() {
+        allowed.clone()
+    } else {
+        args.cpus.clone()
+    };
+    if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+        bail!(
+            "--cpus: this process may not run on CPU {bad} (it may on {})",
+            allowed
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
+    if cpus.is_empty() {
+        bail!("--pin: no CPU to pin to");
+    }
+    let at = |i: usize| cpus[i % cpus.len()];
+    Ok((0..args.pairs as usize)
+        .map(|i| Some((at(2 * i), at(2 * i + 1))))
+        .collect())
+}
+
+/// One pair's placement in words.
+fn place_text(place: Option<(usize, usize)>) -> String {
+    match place {
+        None => "unpinned".into(),
+        Some((client, server)) => format!("client cpu {client}, server cpu {server}"),
+    }
+}
+
+/// Every pair's placement in words: one phrase if they are all the same.
+fn placement_text(places: &[Option<(usize, usize)>]) -> String {
+    match places {
+        [] => "unpinned".into(),
+        [one] => place_text(*one),
+        [first, rest @ ..] if rest.iter().all(|p| p == first) => match first {
+            None => "unpinned".into(),
+            Some(_) => format!("{} (every pair)", place_text(*first)),
+        },
+        _ => places
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("pair {}: {}", i + 1, place_text(*p)))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
 }
 
 // ---- server ---------------------------------------------------------------
 
-/// `rverbs bench --serve`: answers one client's commands until it quits.
-pub fn serve(listen: &str) -> Result<()> {
+/// `rverbs bench --serve`: answers one client's commands until it quits;
+/// pinned to `pin` if given, before anything starts.
+pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
+    if let Some(cpu) = pin {
+        pin_to(cpu)?;
+    }
     let listener =
         TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     println!("listening {}", listener.local_addr()?.port());
@@ -277,6 +619,11 @@ pub fn serve(listen: &str) -> Result<()> {
         _ => bail!("bad setup line {setup:?}"),
     };
     let rig = rig(qps, mr_len, event, &mut control)?;
+    // A count of 0 in a command: until the client's end mark (--duration).
+    let count = |text: &str| -> Result<Option<u64>> {
+        let n: u64 = text.parse()?;
+        Ok((n > 0).then_some(n))
+    };
     loop {
         let cmd = line(&mut control)?;
         let f: Vec<&str> = cmd.split_whitespace().collect();
@@ -297,32 +644,45 @@ pub fn serve(listen: &str) -> Result<()> {
                     .map_or(0, |d| d.net_stats().retransmitted);
                 send_line(&mut control, &format!("resent {resent}"))?;
             }
-            ["recv", size, count] => serve_recv(&rig, size.parse()?, count.parse()?, &mut control)?,
-            ["echo", size, count] => serve_echo(&rig, size.parse()?, count.parse()?, &mut control)?,
+            ["recv", _size, n] => serve_recv(&rig, count(n)?, &mut control)?,
+            ["echo", size, n] => serve_echo(&rig, size.parse()?, count(n)?, &mut control)?,
             ["tcp", bytes] => {
+                let want = count(bytes)?;
                 let l = TcpListener::bind("127.0.0.1:0")?;
                 send_line(&mut control, &format!("port {}", l.local_addr()?.port()))?;
                 let (mut s, _) = l.accept()?;
-                let mut left: u64 = bytes.parse()?;
+                let mut got = 0u64;
                 let mut buf = vec![0u8; 1 << 20];
-                while left > 0 {
+                while want.is_none_or(|w| got < w) {
                     let n = s.read(&mut buf)?;
                     if n == 0 {
+                        // The end of an open-ended stream.
+                        if want.is_none() {
+                            break;
+                        }
                         bail!("TCP stream ended early");
                     }
-                    left -= n as u64;
+                    got += n as u64;
                 }
             }
-            ["udp", size, count] => {
+            ["udp", size, n] => {
+                let want = count(n)?;
                 let sock = UdpSocket::bind("127.0.0.1:0")?;
                 send_line(&mut control, &format!("port {}", sock.local_addr()?.port()))?;
                 // Busy-polled as the RDMA side polls its CQ; with --event
                 // it blocks, as the RDMA side sleeps on its channel.
                 sock.set_nonblocking(!event)?;
                 let mut buf = vec![0u8; size.parse::<usize>()?.max(1)];
-                for _ in 0..count.parse::<u64>()? {
+                let mut done = 0u64;
+                while want.is_none_or(|w| done < w) {
                     let (n, from) = spin(|| sock.recv_from(&mut buf))?;
+                    // An empty datagram is the client's end mark (pings
+                    // carry at least a byte).
+                    if n == 0 {
+                        break;
+                    }
                     sock.send_to(&buf[..n], from)?;
+                    done += 1;
                 }
             }
             _ => bail!("unknown command {cmd:?}"),
@@ -331,57 +691,53 @@ pub fn serve(listen: &str) -> Result<()> {
     }
 }
 
-fn recv_sge(rig: &Rig, size: usize) -> Sge {
-    Sge {
-        addr: rig.mr.iova(),
-        length: size as u32,
-        lkey: rig.mr.lkey(),
-    }
-}
-
-/// Receives `count` SENDs of `size` bytes spread over the QPs, keeping
-/// receive WRs posted — exactly `count` of them, so none is left over for
-/// the next test. Says `ready` once the first ones are posted: SENDs that
+/// Receives `count` SENDs spread over the QPs — or, with `None`, SENDs
+/// until the end mark — keeping up to 2048 receive WRs posted per QP. With
+/// a count, each QP gets exactly as many as the client sends on it (it
+/// sends SEND n on QP n % qps), so none is left over for the next test and
+/// none is missing. Says `ready` once the first ones are posted: SENDs that
 /// came before would meet no receive WR (RNR NAKs, and the window resent).
-fn serve_recv(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Result<()> {
-    let sge = [recv_sge(rig, size)];
-    let mut posted = 0u64;
-    for qp in &rig.qps {
-        for _ in 0..2048.min(count / rig.qps.len() as u64 + 1) {
-            if posted < count {
-                qp.post_recv(&RecvWr::new(0, &sge))?;
-                posted += 1;
-            }
+fn serve_recv(rig: &Rig, count: Option<u64>, control: &mut TcpStream) -> Result<()> {
+    let qps = rig.qps.len() as u64;
+    let share = |i: usize| count.map(|c| c / qps + u64::from((i as u64) < c % qps));
+    let mut posted = vec![0u64; rig.qps.len()];
+    let may_post = |i: usize, posted: &[u64]| share(i).is_none_or(|s| posted[i] < s);
+    for i in 0..rig.qps.len() {
+        while rig.recvs[i].get() < 2048 && may_post(i, &posted) {
+            rig.post_recv(i)?;
+            posted[i] += 1;
         }
     }
     send_line(control, "ready")?;
     let mut done = 0u64;
+    let mut ended = false;
     let mut wc = [WorkCompletion::default(); 64];
-    while done < count {
+    while count.map_or(!ended, |c| done < c) {
         let n = rig.wait(&mut wc)?;
         for w in &wc[..n] {
+            let i = rig.consumed(w);
+            if w.imm() == Some(END_MARK) {
+                ended = true;
+                continue;
+            }
             done += 1;
-            if posted < count {
-                let qp = rig
-                    .qps
-                    .iter()
-                    .find(|q| q.qp_num() == w.qp_num)
-                    .unwrap_or(&rig.qps[0]);
-                qp.post_recv(&RecvWr::new(0, &sge))?;
-                posted += 1;
+            if !ended && may_post(i, &posted) {
+                rig.post_recv(i)?;
+                posted[i] += 1;
             }
         }
     }
     Ok(())
 }
 
-/// Echoes `count` SENDs of `size` bytes on the first QP: receive, send back.
-fn serve_echo(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Result<()> {
+/// Echoes `count` SENDs of `size` bytes on the first QP — or, with `None`,
+/// SENDs until the end mark: receive, send back.
+fn serve_echo(rig: &Rig, size: usize, count: Option<u64>, control: &mut TcpStream) -> Result<()> {
     let qp = &rig.qps[0];
-    let sge = [recv_sge(rig, size.max(1))];
+    let may_post = |posted: u64| count.is_none_or(|c| posted < c);
     let mut posted = 0;
-    while posted < count.min(4) {
-        qp.post_recv(&RecvWr::new(0, &sge))?;
+    while rig.recvs[0].get() < 4 && may_post(posted) {
+        rig.post_recv(0)?;
         posted += 1;
     }
     // Pings before this would meet no receive WR: RNR NAKs, waits and
@@ -389,12 +745,17 @@ fn serve_echo(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Re
     send_line(control, "ready")?;
     let mut wc = [WorkCompletion::default(); 16];
     let mut data = vec![0u8; size];
-    let (mut echoed, mut sent) = (0, 0);
-    while echoed < count || sent < count {
+    let (mut echoed, mut sent, mut ended) = (0u64, 0u64, false);
+    while count.map_or(!ended, |c| echoed < c) || sent < echoed {
         let n = rig.wait(&mut wc)?;
         for w in &wc[..n] {
             if w.opcode != rverbs::WcOpcode::Recv {
                 sent += 1;
+                continue;
+            }
+            rig.consumed(w);
+            if w.imm() == Some(END_MARK) {
+                ended = true;
                 continue;
             }
             echoed += 1;
@@ -411,8 +772,8 @@ fn serve_echo(rig: &Rig, size: usize, count: u64, control: &mut TcpStream) -> Re
                 }];
                 qp.post_send(&SendWr::new(1, WrOpcode::Send, &payload).signaled())?;
             }
-            if posted < count {
-                qp.post_recv(&RecvWr::new(0, &sge))?;
+            if rig.recvs[0].get() < 4 && may_post(posted) {
+                rig.post_recv(0)?;
                 posted += 1;
             }
         }
@@ -436,13 +797,20 @@ impl Drop for Server {
     }
 }
 
-fn start_server(args: &BenchArgs) -> Result<Server> {
+/// Starts a server process (pinned to `cpu` if given), or reaches the one
+/// `--server` names.
+fn start_server(args: &BenchArgs, cpu: Option<usize>) -> Result<Server> {
     let (child, addr) = match &args.server {
         Some(addr) => (None, addr.clone()),
         None => {
             let exe = std::env::current_exe()?;
-            let mut child = Command::new(exe)
-                .args(["bench", "--serve", "127.0.0.1:0"])
+            let mut cmd = Command::new(exe);
+            cmd.args(["bench", "--serve", "127.0.0.1:0"]);
+            if let Some(cpu) = cpu {
+                cmd.args(["--pin", "--cpus", &cpu.to_string()]);
+            }
+            let mut child = cmd
+                .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -464,13 +832,21 @@ fn start_server(args: &BenchArgs) -> Result<Server> {
     Ok(Server { child, control })
 }
 
-fn bar(args: &BenchArgs, len: u64, what: &str) -> ProgressBar {
+/// A progress bar of `len` units, or with `None` (a measurement that runs
+/// for a time) a spinner with the rate.
+fn bar(args: &BenchArgs, len: Option<u64>, what: &str) -> ProgressBar {
     if args.quiet || args.json {
         return ProgressBar::hidden();
     }
-    let pb = ProgressBar::new(len);
+    let (pb, template) = match len {
+        Some(len) => (
+            ProgressBar::new(len),
+            "{msg:>22} [{bar:30}] {percent:>3}% {per_sec}",
+        ),
+        None => (ProgressBar::new_spinner(), "{msg:>22} {spinner} {per_sec}"),
+    };
     pb.set_style(
-        ProgressStyle::with_template("{msg:>22} [{bar:30}] {percent:>3}% {per_sec}")
+        ProgressStyle::with_template(template)
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
@@ -478,17 +854,42 @@ fn bar(args: &BenchArgs, len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// Runs `count` operations of `size` bytes with `qd` outstanding per QP,
-/// each refill posted WR by WR or, with `post_list`, as one list per QP;
-/// returns the elapsed time.
+/// Starts each measured phase of a pair: at once when the pair runs alone;
+/// as a `--pair-worker`, when the parent says so — it says `go` to every
+/// pair once all are waiting, so every pair's phase, ours or a baseline's,
+/// runs at the same time.
+enum Gate<'a> {
+    Alone,
+    Parent(&'a mut dyn Write),
+}
+
+impl Gate<'_> {
+    fn go(&mut self) -> Result<()> {
+        if let Gate::Parent(out) = self {
+            writeln!(out, "wait")?;
+            out.flush()?;
+            let mut reply = String::new();
+            std::io::stdin().lock().read_line(&mut reply)?;
+            if reply.trim_end() != "go" {
+                bail!("the bench parent said {reply:?}, not go");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `span` operations of `size` bytes (or operations for a time) with
+/// `qd` outstanding per QP, each refill posted WR by WR or, with
+/// `post_list`, as one list per QP. Open-ended SEND tests end with the
+/// end mark, after the time is taken.
 fn bandwidth(
     rig: &Rig,
     op: Test,
     size: usize,
-    count: u64,
+    span: Span,
     (qd, post_list): (u32, bool),
     pb: &ProgressBar,
-) -> Result<Duration> {
+) -> Result<Side> {
     let qps = rig.qps.len() as u64;
     let window = u64::from(qd) * qps;
     let local = [Sge {
@@ -502,8 +903,8 @@ fn bandwidth(
     // With `post_list`, the WRs of a refill, per QP.
     let mut lists: Vec<Vec<SendWr<'_>>> = vec![Vec::new(); rig.qps.len()];
     let start = Instant::now();
-    while done < count {
-        while posted < count && posted - done < window {
+    loop {
+        while posted - done < window && span.more(posted, start) {
             let i = (posted % qps) as usize;
             let remote = &rig.remote[i];
             let opcode = match op {
@@ -531,6 +932,11 @@ fn bandwidth(
                 list.clear();
             }
         }
+        // Nothing outstanding, and the loop above posted nothing more: the
+        // span is over.
+        if done == posted {
+            break;
+        }
         let n = rig.wait(&mut wc)?;
         done += n as u64;
         // A completion left over from another test would make the window
@@ -542,11 +948,21 @@ fn bandwidth(
             pb.inc((n * size) as u64);
         }
     }
-    Ok(start.elapsed())
+    let secs = start.elapsed().as_secs_f64();
+    if op == Test::Send && span.count().is_none() {
+        rig.send_end_mark()?;
+    }
+    Ok(Side {
+        messages: posted,
+        bytes: posted * size as u64,
+        secs,
+        samples_ns: Vec::new(),
+    })
 }
 
-/// Half round trips of a SEND ping-pong, in µs, sorted.
-fn pingpong(rig: &Rig, size: usize, iters: u32, pb: &ProgressBar) -> Result<Vec<f64>> {
+/// Half round trips of a SEND ping-pong, in ns, sorted. Open-ended
+/// (`--duration`), it ends with the end mark, which has no reply.
+fn pingpong(rig: &Rig, size: usize, span: Span, pb: &ProgressBar) -> Result<Side> {
     let qp = &rig.qps[0];
     let sge = [Sge {
         addr: rig.mr.iova(),
@@ -555,42 +971,64 @@ fn pingpong(rig: &Rig, size: usize, iters: u32, pb: &ProgressBar) -> Result<Vec<
     }];
     let payload = vec![0x5au8; size];
     let mut wc = [WorkCompletion::default(); 16];
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Vec::with_capacity(span.count().unwrap_or(1 << 16) as usize);
     // Send completions seen (each ping is signaled).
     let mut sent = 0u64;
     // Two receive WRs posted ahead: the one each reply uses is replenished
-    // while the next ping is on its way, off the critical path.
-    // Exactly `iters` in all, so none is left over for the next test.
-    for _ in 0..iters.min(2) {
-        qp.post_recv(&RecvWr::new(0, &sge))?;
-    }
-    for i in 0..iters {
-        let start = Instant::now();
+    // while the next ping is on its way, off the critical path. With a
+    // count, exactly that many in all, so none is left over for the next
+    // test.
+    let mut posted = 0u64;
+    let may_post = |posted: u64| span.count().is_none_or(|c| posted < c);
+    let top_up = |posted: &mut u64| -> Result<()> {
+        while rig.recvs[0].get() < 2 && may_post(*posted) {
+            rig.post_recv(0)?;
+            *posted += 1;
+        }
+        Ok(())
+    };
+    top_up(&mut posted)?;
+    let start = Instant::now();
+    let mut pings = 0u64;
+    while span.more(pings, start) {
+        let t = Instant::now();
         if size <= 64 {
             qp.post_send(&SendWr::inline(1, WrOpcode::Send, &payload).signaled())?;
         } else {
             qp.post_send(&SendWr::new(1, WrOpcode::Send, &sge).signaled())?;
         }
-        if i > 0 && i + 1 < iters {
-            qp.post_recv(&RecvWr::new(0, &sge))?;
-        }
+        pings += 1;
+        top_up(&mut posted)?;
         let mut got_reply = false;
         while !got_reply {
             let n = rig.wait(&mut wc)?;
-            got_reply = wc[..n].iter().any(|w| w.opcode == rverbs::WcOpcode::Recv);
+            for w in wc[..n]
+                .iter()
+                .filter(|w| w.opcode == rverbs::WcOpcode::Recv)
+            {
+                rig.consumed(w);
+                got_reply = true;
+            }
             sent += count_sends(&wc[..n]);
         }
-        samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+        samples.push((t.elapsed().as_nanos() / 2) as u64);
         pb.inc(1);
     }
     // A ping's own completion may come after its reply: wait for the last
     // ones here, or the next test would count them as its own.
-    while sent < u64::from(iters) {
+    while sent < pings {
         let n = rig.wait(&mut wc)?;
         sent += count_sends(&wc[..n]);
     }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples)
+    if span.count().is_none() {
+        rig.send_end_mark()?;
+    }
+    samples.sort_unstable();
+    Ok(Side {
+        messages: pings,
+        samples_ns: samples,
+        ..Side::default()
+    })
 }
 
 /// How many of `wc` complete SENDs.
@@ -601,21 +1039,23 @@ fn count_sends(wc: &[WorkCompletion]) -> u64 {
 }
 
 /// The median (upper one of an even count), `None` for no values.
-fn median(values: &mut [f64]) -> Option<f64> {
+fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied()
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile of sorted ns samples, in µs (NaN for none).
+fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+    sorted[i] as f64 / 1e3
 }
 
-fn tcp_stream(control: &mut TcpStream, size: usize, bytes: u64) -> Result<f64> {
-    send_line(control, &format!("tcp {bytes}"))?;
+/// A TCP stream of `size`-byte writes: `span` counts bytes.
+fn tcp_stream(control: &mut TcpStream, size: usize, span: Span, gate: &mut Gate) -> Result<Side> {
+    send_line(control, &format!("tcp {}", span.wire()))?;
     let port = line(control)?;
     let port = port
         .strip_prefix("port ")
@@ -623,19 +1063,36 @@ fn tcp_stream(control: &mut TcpStream, size: usize, bytes: u64) -> Result<f64> {
     let mut s = TcpStream::connect(format!("127.0.0.1:{port}"))?;
     s.set_nodelay(true)?;
     let buf = vec![0x5au8; size];
+    gate.go()?;
     let start = Instant::now();
-    let mut left = bytes;
-    while left > 0 {
-        let n = (left as usize).min(size);
+    let (mut bytes, mut writes) = (0u64, 0u64);
+    while span.more(bytes, start) {
+        let n = span
+            .count()
+            .map_or(size, |c| ((c - bytes) as usize).min(size));
         s.write_all(&buf[..n])?;
-        left -= n as u64;
+        bytes += n as u64;
+        writes += 1;
     }
+    // The server reads to the end of an open-ended stream.
+    s.shutdown(Shutdown::Write)?;
     expect(control, "ok")?;
-    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e9)
+    Ok(Side {
+        messages: writes,
+        bytes,
+        secs: start.elapsed().as_secs_f64(),
+        samples_ns: Vec::new(),
+    })
 }
 
-fn udp_pingpong(control: &mut TcpStream, size: usize, iters: u32, event: bool) -> Result<Vec<f64>> {
-    send_line(control, &format!("udp {size} {iters}"))?;
+fn udp_pingpong(
+    control: &mut TcpStream,
+    size: usize,
+    span: Span,
+    event: bool,
+    gate: &mut Gate,
+) -> Result<Side> {
+    send_line(control, &format!("udp {size} {}", span.wire()))?;
     let port = line(control)?;
     let port = port
         .strip_prefix("port ")
@@ -645,16 +1102,26 @@ fn udp_pingpong(control: &mut TcpStream, size: usize, iters: u32, event: bool) -
     sock.set_nonblocking(!event)?;
     let payload = vec![0x5au8; size.max(1)];
     let mut buf = vec![0u8; size.max(1)];
-    let mut samples = Vec::with_capacity(iters as usize);
-    for _ in 0..iters {
-        let start = Instant::now();
+    let mut samples = Vec::with_capacity(span.count().unwrap_or(1 << 16) as usize);
+    gate.go()?;
+    let start = Instant::now();
+    while span.more(samples.len() as u64, start) {
+        let t = Instant::now();
         sock.send(&payload)?;
         spin(|| sock.recv(&mut buf))?;
-        samples.push(start.elapsed().as_secs_f64() * 1e6 / 2.0);
+        samples.push((t.elapsed().as_nanos() / 2) as u64);
+    }
+    if span.count().is_none() {
+        // The end mark: an empty datagram.
+        sock.send(&[])?;
     }
     expect(control, "ok")?;
-    samples.sort_by(f64::total_cmp);
-    Ok(samples)
+    samples.sort_unstable();
+    Ok(Side {
+        messages: samples.len() as u64,
+        samples_ns: samples,
+        ..Side::default()
+    })
 }
 
 /// Busy-polls a non-blocking receive, as the RDMA side busy-polls its CQ:
@@ -725,16 +1192,6 @@ impl CpuBill {
         }
         Ok(out)
     }
-
-    /// Seconds per `units`: (ours, the baseline's, ours / the baseline's).
-    fn per(&self, units: f64, with_baseline: bool) -> (Option<f64>, Option<f64>, Option<f64>) {
-        let ours = self.ours.as_secs_f64() / units;
-        if !with_baseline {
-            return (Some(ours), None, None);
-        }
-        let base = self.baseline.as_secs_f64() / units;
-        (Some(ours), Some(base), (base > 0.0).then(|| ours / base))
-    }
 }
 
 /// Request packets resent so far by both devices: ours and the server's.
@@ -755,17 +1212,22 @@ fn expect(control: &mut TcpStream, want: &str) -> Result<()> {
     Ok(())
 }
 
-/// `rverbs bench`.
-pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
-    if let Some(listen) = &args.serve {
-        serve(listen)?;
-        return Ok(Vec::new());
-    }
-    if args.sizes.iter().any(|&s| s == 0 || s > 1 << 30) {
-        bail!("sizes must be between 1 byte and 1 GiB");
-    }
-    if args.qps == 0 || args.qd == 0 {
-        bail!("--qps and --qd must be at least 1");
+/// How long each side of a round runs with `--duration`.
+fn round_time(args: &BenchArgs) -> Option<Duration> {
+    args.duration
+        .map(|secs| Duration::from_secs_f64(secs / f64::from(args.rounds)))
+}
+
+/// One pair: pins its client (this process) and server to `place` if
+/// given, starts (or reaches) the server and runs every test, each phase
+/// started by `gate`.
+fn run_pair(
+    args: &BenchArgs,
+    place: Option<(usize, usize)>,
+    gate: &mut Gate,
+) -> Result<Vec<PairRow>> {
+    if let Some((client, _)) = place {
+        pin_to(client)?;
     }
     let max = args
         .sizes
@@ -775,7 +1237,7 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
         .unwrap_or(4096)
         .max(args.lat_size)
         .max(4096);
-    let mut server = start_server(args)?;
+    let mut server = start_server(args, place.map(|(_, server)| server))?;
     let mode = if args.event { " event" } else { "" };
     send_line(
         &mut server.control,
@@ -783,121 +1245,19 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
     )?;
     let rig = rig(args.qps, max, args.event, &mut server.control)?;
     let mut rows = Vec::new();
-    let rounds = args.rounds;
     for &test in &args.tests {
         if test == Test::Lat {
-            let iters = (args.iters / rounds).max(1);
-            let size = args.lat_size;
-            let pb = bar(
-                args,
-                u64::from(iters * rounds),
-                &format!("send ping-pong {size} B"),
-            );
-            let (mut ours, mut udp, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-            let resent_before = resent(&mut server.control)?;
-            let mut bill = CpuBill::default();
-            for _ in 0..rounds {
-                let round = bill.charge(&mut server.control, false, |control| {
-                    send_line(control, &format!("echo {size} {iters}"))?;
-                    expect(control, "ready")?;
-                    let round = pingpong(&rig, size, iters, &pb)?;
-                    expect(control, "ok")?;
-                    Ok(round)
-                })?;
-                if !args.no_baseline {
-                    let base = bill.charge(&mut server.control, true, |control| {
-                        udp_pingpong(control, size, iters, args.event)
-                    })?;
-                    ratios.push(percentile(&round, 0.5) / percentile(&base, 0.5));
-                    udp.extend(base);
-                }
-                ours.extend(round);
+            rows.push(latency_row(args, &rig, &mut server.control, gate)?);
+        } else {
+            for &size in &args.sizes {
+                rows.push(bandwidth_row(
+                    args,
+                    (test, size),
+                    &rig,
+                    &mut server.control,
+                    gate,
+                )?);
             }
-            pb.finish_and_clear();
-            // Per million messages: each round trip is a ping and a reply.
-            let messages = 2.0 * f64::from(iters * rounds) / 1e6;
-            let (cpu, baseline_cpu, cpu_ratio) = bill.per(messages, !args.no_baseline);
-            ours.sort_by(f64::total_cmp);
-            udp.sort_by(f64::total_cmp);
-            let udp_name = if args.event {
-                "udp blocking"
-            } else {
-                "udp ping-pong"
-            };
-            let baseline = (!args.no_baseline).then(|| udp_name.to_string());
-            rows.push(Row {
-                test: "send_lat".into(),
-                size,
-                gb_per_s: None,
-                mmsg_per_s: None,
-                median_us: Some(percentile(&ours, 0.5)),
-                p99_us: Some(percentile(&ours, 0.99)),
-                baseline_value: baseline.as_ref().map(|_| percentile(&udp, 0.5)),
-                baseline,
-                ratio: median(&mut ratios),
-                cpu,
-                baseline_cpu,
-                cpu_ratio,
-                retransmitted: resent(&mut server.control)? - resent_before,
-            });
-            continue;
-        }
-        for &size in &args.sizes {
-            let count = (args.bytes / u64::from(rounds) / size as u64).max(64);
-            let moved = count * size as u64;
-            let name = match test {
-                Test::Write => "rdma_write",
-                Test::Read => "rdma_read",
-                _ => "send",
-            };
-            let pb = bar(args, moved * u64::from(rounds), &format!("{name} {size} B"));
-            let (mut gbps, mut rates, mut tcp, mut ratios) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let resent_before = resent(&mut server.control)?;
-            let mut bill = CpuBill::default();
-            for _ in 0..rounds {
-                let elapsed = bill.charge(&mut server.control, false, |control| {
-                    if test == Test::Send {
-                        send_line(control, &format!("recv {size} {count}"))?;
-                        expect(control, "ready")?;
-                    } else {
-                        send_line(control, "idle")?;
-                    }
-                    let elapsed =
-                        bandwidth(&rig, test, size, count, (args.qd, args.post_list), &pb)?;
-                    expect(control, "ok")?;
-                    Ok(elapsed)
-                })?;
-                let ours = moved as f64 / elapsed.as_secs_f64() / 1e9;
-                gbps.push(ours);
-                rates.push(count as f64 / elapsed.as_secs_f64() / 1e6);
-                if !args.no_baseline {
-                    let base = bill.charge(&mut server.control, true, |control| {
-                        tcp_stream(control, size, moved)
-                    })?;
-                    tcp.push(base);
-                    ratios.push(ours / base);
-                }
-            }
-            pb.finish_and_clear();
-            let gb = (moved * u64::from(rounds)) as f64 / 1e9;
-            let (cpu, baseline_cpu, cpu_ratio) = bill.per(gb, !args.no_baseline);
-            let baseline = (!args.no_baseline).then(|| "tcp stream".to_string());
-            rows.push(Row {
-                test: name.into(),
-                size,
-                gb_per_s: median(&mut gbps),
-                mmsg_per_s: median(&mut rates),
-                median_us: None,
-                p99_us: None,
-                baseline,
-                baseline_value: median(&mut tcp),
-                ratio: median(&mut ratios),
-                cpu,
-                baseline_cpu,
-                cpu_ratio,
-                retransmitted: resent(&mut server.control)? - resent_before,
-            });
         }
     }
     if std::env::var_os("RVERBS_BENCH_STATS").is_some() {
@@ -907,53 +1267,678 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
     }
     drop(rig);
     drop(server);
+    Ok(rows)
+}
+
+/// The SEND ping-pong row of one pair, each round against the UDP
+/// ping-pong.
+fn latency_row(
+    args: &BenchArgs,
+    rig: &Rig,
+    control: &mut TcpStream,
+    gate: &mut Gate,
+) -> Result<PairRow> {
+    let size = args.lat_size;
+    let span = round_time(args).map_or_else(
+        || Span::Count(u64::from((args.iters / args.rounds).max(1))),
+        Span::Time,
+    );
+    let pb = bar(
+        args,
+        span.count().map(|c| c * u64::from(args.rounds)),
+        &format!("send ping-pong {size} B"),
+    );
+    let resent_before = resent(control)?;
+    let mut bill = CpuBill::default();
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        let ours = bill.charge(control, false, |control| {
+            send_line(control, &format!("echo {size} {}", span.wire()))?;
+            expect(control, "ready")?;
+            gate.go()?;
+            let side = pingpong(rig, size, span, &pb)?;
+            expect(control, "ok")?;
+            Ok(side)
+        })?;
+        let baseline = if args.no_baseline {
+            None
+        } else {
+            Some(bill.charge(control, true, |control| {
+                udp_pingpong(control, size, span, args.event, gate)
+            })?)
+        };
+        rounds.push(Round { ours, baseline });
+    }
+    pb.finish_and_clear();
+    Ok(PairRow {
+        test: "send_lat".into(),
+        size,
+        latency: true,
+        rounds,
+        cpu_ns: bill.ours.as_nanos() as u64,
+        baseline_cpu_ns: bill.baseline.as_nanos() as u64,
+        resent: resent(control)?.saturating_sub(resent_before),
+    })
+}
+
+/// The row of one bandwidth test and size of one pair, each round against
+/// the TCP stream.
+fn bandwidth_row(
+    args: &BenchArgs,
+    (test, size): (Test, usize),
+    rig: &Rig,
+    control: &mut TcpStream,
+    gate: &mut Gate,
+) -> Result<PairRow> {
+    let count = (args.bytes / u64::from(args.rounds) / size as u64).max(64);
+    let (span, tcp_span) = match round_time(args) {
+        Some(time) => (Span::Time(time), Span::Time(time)),
+        None => (Span::Count(count), Span::Count(count * size as u64)),
+    };
+    let name = match test {
+        Test::Write => "rdma_write",
+        Test::Read => "rdma_read",
+        _ => "send",
+    };
+    let pb = bar(
+        args,
+        tcp_span.count().map(|b| b * u64::from(args.rounds)),
+        &format!("{name} {size} B"),
+    );
+    let resent_before = resent(control)?;
+    let mut bill = CpuBill::default();
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        let ours = bill.charge(control, false, |control| {
+            if test == Test::Send {
+                send_line(control, &format!("recv {size} {}", span.wire()))?;
+                expect(control, "ready")?;
+            } else {
+                send_line(control, "idle")?;
+            }
+            gate.go()?;
+            let side = bandwidth(rig, test, size, span, (args.qd, args.post_list), &pb)?;
+            expect(control, "ok")?;
+            Ok(side)
+        })?;
+        let baseline = if args.no_baseline {
+            None
+        } else {
+            Some(bill.charge(control, true, |control| {
+                tcp_stream(control, size, tcp_span, gate)
+            })?)
+        };
+        rounds.push(Round { ours, baseline });
+    }
+    pb.finish_and_clear();
+    Ok(PairRow {
+        test: name.into(),
+        size,
+        latency: false,
+        rounds,
+        cpu_ns: bill.ours.as_nanos() as u64,
+        baseline_cpu_ns: bill.baseline.as_nanos() as u64,
+        resent: resent(control)?.saturating_sub(resent_before),
+    })
+}
+
+// ---- pairs ----------------------------------------------------------------
+
+/// The client processes of `--pairs`, killed (with that their servers end)
+/// if they are still running when this is dropped.
+struct Workers(Vec<Worker>);
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            if matches!(w.child.try_wait(), Ok(None)) {
+                let _ = w.child.kill();
+            }
+            let _ = w.child.wait();
+        }
+    }
+}
+
+/// `--pairs N`: starts a client process per pair (`--pair-worker`, with the
+/// options as JSON on its stdin), lets every pair start each phase at once,
+/// and collects their reports, in pair order.
+fn run_pairs(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> Result<Vec<Vec<PairRow>>> {
+    let exe = std::env::current_exe()?;
+    let mut workers = Workers(Vec::new());
+    for place in places {
+        let mut child = Command::new(&exe)
+            .args(["bench", "--pair-worker"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start a bench client process")?;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            bail!("no pipes to a bench client process");
+        };
+        let mut options = args.clone();
+        options.pairs = 1;
+        options.quiet = true;
+        options.json = false;
+        options.pair_worker = true;
+        options.cpus = place.map_or_else(Vec::new, |(c, s)| vec![c, s]);
+        writeln!(stdin, "{}", serde_json::to_string(&options)?)?;
+        workers.0.push(Worker {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        });
+    }
+    let rows = args
+        .tests
+        .iter()
+        .map(|&t| if t == Test::Lat { 1 } else { args.sizes.len() })
+        .sum::<usize>();
+    let phases = rows as u64 * u64::from(args.rounds) * if args.no_baseline { 1 } else { 2 };
+    let pb = bar(args, Some(phases), &format!("{} pairs", places.len()));
+    loop {
+        let mut said = Vec::new();
+        for (i, w) in workers.0.iter_mut().enumerate() {
+            let mut text = String::new();
+            if w.stdout.read_line(&mut text)? == 0 {
+                bail!("the client process of pair {} stopped", i + 1);
+            }
+            said.push(text);
+        }
+        if said.iter().all(|s| s.trim_end() == "wait") {
+            for w in &mut workers.0 {
+                writeln!(w.stdin, "go")?;
+                w.stdin.flush()?;
+            }
+            pb.inc(1);
+            continue;
+        }
+        pb.finish_and_clear();
+        let mut reports = Vec::new();
+        for (i, text) in said.iter().enumerate() {
+            let json = text
+                .strip_prefix("report ")
+                .ok_or_else(|| anyhow!("pair {} is out of step: {:?}", i + 1, text.trim_end()))?;
+            reports.push(serde_json::from_str(json).context("a pair's report")?);
+        }
+        for (i, w) in workers.0.iter_mut().enumerate() {
+            let status = w.child.wait()?;
+            if !status.success() {
+                bail!("the client process of pair {} ended with {status}", i + 1);
+            }
+        }
+        return Ok(reports);
+    }
+}
+
+/// `--pair-worker`: one pair of `--pairs`, its options on stdin, each
+/// phase started by the parent; prints `report` and the pair's rows as
+/// JSON.
+fn pair_worker(out: &mut dyn Write) -> Result<()> {
+    let mut first = String::new();
+    std::io::stdin().lock().read_line(&mut first)?;
+    let args: BenchArgs =
+        serde_json::from_str(&first).context("a bench client's options (on its stdin)")?;
+    let place = match args.cpus.as_slice() {
+        [client, server] => Some((*client, *server)),
+        _ => None,
+    };
+    let rows = run_pair(&args, place, &mut Gate::Parent(&mut *out))?;
+    writeln!(out, "report {}", serde_json::to_string(&rows)?)?;
+    out.flush()?;
+    Ok(())
+}
+
+// ---- figures --------------------------------------------------------------
+
+/// Every pair's samples of one side, sorted.
+fn pooled<'a>(sides: impl Iterator<Item = &'a Side>) -> Vec<u64> {
+    let mut all: Vec<u64> = sides.flat_map(|s| s.samples_ns.iter().copied()).collect();
+    all.sort_unstable();
+    all
+}
+
+/// A pair's side of round `k`: ours.
+fn ours(p: &PairRow, k: usize) -> &Side {
+    &p.rounds[k].ours
+}
+
+/// A pair's side of round `k`: the baseline's, if it ran.
+fn base(p: &PairRow, k: usize) -> Option<&Side> {
+    p.rounds[k].baseline.as_ref()
+}
+
+/// CPU seconds per unit, if there were units.
+fn per(cpu_ns: u64, units: f64) -> Option<f64> {
+    (units > 0.0).then(|| cpu_ns as f64 / 1e9 / units)
+}
+
+/// Turns every pair's raw results (the same rows in each) into the rows
+/// shown: sums or pooled samples over the pairs, medians over the rounds,
+/// and with more than one pair each pair's own figures.
+fn summarize(
+    args: &BenchArgs,
+    places: &[Option<(usize, usize)>],
+    pairs: &[Vec<PairRow>],
+) -> Result<Vec<Row>> {
+    let placement = placement_text(places);
+    let baseline = !args.no_baseline;
+    let first = pairs.first().ok_or_else(|| anyhow!("no pair reported"))?;
+    let mut rows = Vec::new();
+    for (r, head) in first.iter().enumerate() {
+        let of: Vec<&PairRow> = pairs
+            .iter()
+            .map(|p| p.get(r))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow!("the pairs reported different rows"))?;
+        let rounds = head.rounds.len();
+        if of
+            .iter()
+            .any(|p| p.rounds.len() != rounds || p.test != head.test || p.size != head.size)
+        {
+            bail!("the pairs reported different rows");
+        }
+        let messages: u64 = of
+            .iter()
+            .flat_map(|p| &p.rounds)
+            .map(|r| r.ours.messages)
+            .sum();
+        let base_messages: u64 = of
+            .iter()
+            .flat_map(|p| &p.rounds)
+            .filter_map(|r| r.baseline.as_ref())
+            .map(|s| s.messages)
+            .sum();
+        let cpu_ns: u64 = of.iter().map(|p| p.cpu_ns).sum();
+        let base_cpu_ns: u64 = of.iter().map(|p| p.baseline_cpu_ns).sum();
+        let mut row = Row {
+            test: head.test.clone(),
+            size: head.size,
+            pairs: of.len() as u32,
+            placement: placement.clone(),
+            baseline_placement: baseline.then(|| placement.clone()),
+            gb_per_s: None,
+            mmsg_per_s: None,
+            median_us: None,
+            p99_us: None,
+            baseline: None,
+            baseline_value: None,
+            baseline_p99_us: None,
+            ratio: None,
+            cpu: None,
+            baseline_cpu: None,
+            cpu_ratio: None,
+            retransmitted: of.iter().map(|p| p.resent).sum(),
+            messages,
+            baseline_messages: baseline.then_some(base_messages),
+            worst_pair: None,
+            per_pair: Vec::new(),
+        };
+        let mut per_pair: Vec<PairFigures> = of
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PairFigures {
+                pair: i as u32 + 1,
+                placement: place_text(places.get(i).copied().flatten()),
+                gb_per_s: None,
+                mmsg_per_s: None,
+                median_us: None,
+                p99_us: None,
+                baseline_value: None,
+                baseline_p99_us: None,
+                ratio: None,
+                retransmitted: p.resent,
+                messages: p.rounds.iter().map(|r| r.ours.messages).sum(),
+                baseline_messages: baseline.then(|| {
+                    p.rounds
+                        .iter()
+                        .filter_map(|r| r.baseline.as_ref())
+                        .map(|s| s.messages)
+                        .sum()
+                }),
+            })
+            .collect();
+        let (cpu_units, base_units) = if head.latency {
+            latency_figures(&of, args, &mut row, &mut per_pair);
+            // Per million messages: each round trip is a ping and a reply.
+            (
+                2.0 * messages as f64 / 1e6,
+                2.0 * base_messages as f64 / 1e6,
+            )
+        } else {
+            bandwidth_figures(&of, args, &mut row, &mut per_pair);
+            let bytes = |side: fn(&Round) -> Option<&Side>| {
+                of.iter()
+                    .flat_map(|p| &p.rounds)
+                    .filter_map(side)
+                    .map(|s| s.bytes)
+                    .sum::<u64>()
+            };
+            (
+                bytes(|r| Some(&r.ours)) as f64 / 1e9,
+                bytes(|r| r.baseline.as_ref()) as f64 / 1e9,
+            )
+        };
+        row.cpu = per(cpu_ns, cpu_units);
+        if baseline {
+            row.baseline_cpu = per(base_cpu_ns, base_units);
+            row.cpu_ratio = match (row.cpu, row.baseline_cpu) {
+                (Some(o), Some(b)) if b > 0.0 => Some(o / b),
+                _ => None,
+            };
+        }
+        if of.len() > 1 {
+            row.per_pair = per_pair;
+        } else {
+            row.worst_pair = None;
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The latency figures of a row — every pair's samples pooled — and of
+/// each pair.
+fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &mut [PairFigures]) {
+    let baseline = !args.no_baseline;
+    let rounds = of[0].rounds.len();
+    let all = pooled(of.iter().flat_map(|p| (0..rounds).map(|k| ours(p, k))));
+    row.median_us = Some(percentile(&all, 0.5));
+    row.p99_us = Some(percentile(&all, 0.99));
+    if baseline {
+        let udp = pooled(
+            of.iter()
+                .flat_map(|p| (0..rounds).filter_map(|k| base(p, k))),
+        );
+        row.baseline = Some(
+            if args.event {
+                "udp blocking"
+            } else {
+                "udp ping-pong"
+            }
+            .into(),
+        );
+        row.baseline_value = Some(percentile(&udp, 0.5));
+        row.baseline_p99_us = Some(percentile(&udp, 0.99));
+        // Each round's ratio, over every pair's samples of it.
+        row.ratio = median(
+            (0..rounds)
+                .map(|k| {
+                    let o = pooled(of.iter().map(|p| ours(p, k)));
+                    let b = pooled(of.iter().filter_map(|p| base(p, k)));
+                    percentile(&o, 0.5) / percentile(&b, 0.5)
+                })
+                .collect(),
+        );
+    }
+    for (fig, p) in per_pair.iter_mut().zip(of) {
+        let mine = pooled((0..rounds).map(|k| ours(p, k)));
+        fig.median_us = Some(percentile(&mine, 0.5));
+        fig.p99_us = Some(percentile(&mine, 0.99));
+        if baseline {
+            let udp = pooled((0..rounds).filter_map(|k| base(p, k)));
+            fig.baseline_value = Some(percentile(&udp, 0.5));
+            fig.baseline_p99_us = Some(percentile(&udp, 0.99));
+            fig.ratio = median(
+                (0..rounds)
+                    .filter_map(|k| {
+                        let b = base(p, k)?;
+                        Some(
+                            percentile(&ours(p, k).samples_ns, 0.5)
+                                / percentile(&b.samples_ns, 0.5),
+                        )
+                    })
+                    .collect(),
+            );
+        }
+    }
+    row.worst_pair = per_pair
+        .iter()
+        .filter_map(|f| f.median_us)
+        .max_by(f64::total_cmp);
+}
+
+/// The bandwidth figures of a row — summed over the pairs — and of each
+/// pair.
+fn bandwidth_figures(
+    of: &[&PairRow],
+    args: &BenchArgs,
+    row: &mut Row,
+    per_pair: &mut [PairFigures],
+) {
+    let baseline = !args.no_baseline;
+    let rounds = of[0].rounds.len();
+    // Each round's figures summed over the pairs.
+    let sum = |k: usize, f: fn(&Side) -> f64, side: fn(&Round) -> Option<&Side>| {
+        of.iter()
+            .filter_map(|p| side(&p.rounds[k]))
+            .map(f)
+            .sum::<f64>()
+    };
+    let ours_side: fn(&Round) -> Option<&Side> = |r| Some(&r.ours);
+    let base_side: fn(&Round) -> Option<&Side> = |r| r.baseline.as_ref();
+    row.gb_per_s = median(
+        (0..rounds)
+            .map(|k| sum(k, Side::gb_per_s, ours_side))
+            .collect(),
+    );
+    row.mmsg_per_s = median(
+        (0..rounds)
+            .map(|k| sum(k, Side::mmsg_per_s, ours_side))
+            .collect(),
+    );
+    if baseline {
+        row.baseline = Some("tcp stream".into());
+        row.baseline_value = median(
+            (0..rounds)
+                .map(|k| sum(k, Side::gb_per_s, base_side))
+                .collect(),
+        );
+        row.ratio = median(
+            (0..rounds)
+                .map(|k| sum(k, Side::gb_per_s, ours_side) / sum(k, Side::gb_per_s, base_side))
+                .collect(),
+        );
+    }
+    for (fig, p) in per_pair.iter_mut().zip(of) {
+        fig.gb_per_s = median(p.rounds.iter().map(|r| r.ours.gb_per_s()).collect());
+        fig.mmsg_per_s = median(p.rounds.iter().map(|r| r.ours.mmsg_per_s()).collect());
+        if baseline {
+            fig.baseline_value = median(
+                p.rounds
+                    .iter()
+                    .filter_map(|r| r.baseline.as_ref())
+                    .map(Side::gb_per_s)
+                    .collect(),
+            );
+            fig.ratio = median(
+                p.rounds
+                    .iter()
+                    .filter_map(|r| Some(r.ours.gb_per_s() / r.baseline.as_ref()?.gb_per_s()))
+                    .collect(),
+            );
+        }
+    }
+    row.worst_pair = per_pair
+        .iter()
+        .filter_map(|f| f.gb_per_s)
+        .min_by(f64::total_cmp);
+}
+
+// ---- the command ----------------------------------------------------------
+
+/// `rverbs bench`.
+pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
+    if let Some(listen) = &args.serve {
+        let pin = if args.pin {
+            Some(match args.cpus.first() {
+                Some(&cpu) => cpu,
+                None => *allowed_cpus()?
+                    .first()
+                    .ok_or_else(|| anyhow!("--pin: no CPU to pin to"))?,
+            })
+        } else {
+            None
+        };
+        serve(listen, pin)?;
+        return Ok(Vec::new());
+    }
+    if args.pair_worker {
+        pair_worker(out)?;
+        return Ok(Vec::new());
+    }
+    if args.sizes.iter().any(|&s| s == 0 || s > 1 << 30) {
+        bail!("sizes must be between 1 byte and 1 GiB");
+    }
+    if args.qps == 0 || args.qd == 0 {
+        bail!("--qps and --qd must be at least 1");
+    }
+    let places = placements(args)?;
+    let results = if args.pairs == 1 {
+        vec![run_pair(args, places[0], &mut Gate::Alone)?]
+    } else {
+        run_pairs(args, &places)?
+    };
+    let rows = summarize(args, &places, &results)?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &rows)?;
         writeln!(out)?;
     } else {
+        writeln!(out, "{}", setup_line(args, &places))?;
         print_table(&rows, out)?;
     }
     Ok(rows)
 }
 
+/// The table's first line: pairs, rounds, how long each runs, and where
+/// rverbs and the baselines ran.
+fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> String {
+    let placement = placement_text(places);
+    let pairs = match args.pairs {
+        1 => "1 pair".to_string(),
+        n => format!("{n} pairs at once"),
+    };
+    let span = match args.duration {
+        Some(secs) => format!("{secs} s per measurement"),
+        None => {
+            let mut counts = Vec::new();
+            if args.tests.iter().any(|&t| t != Test::Lat) {
+                counts.push(format!("{} bytes per size", args.bytes));
+            }
+            if args.tests.contains(&Test::Lat) {
+                counts.push(format!("{} round trips", args.iters));
+            }
+            let each = if args.pairs > 1 { " per pair" } else { "" };
+            format!("{}{each}", counts.join(" and "))
+        }
+    };
+    let mut text = format!(
+        "setup: {pairs}; {span}, in {} round{}; rverbs placement: {placement}",
+        args.rounds,
+        if args.rounds == 1 { "" } else { "s" }
+    );
+    if !args.no_baseline {
+        text += &format!("; baseline placement: {placement} (the same processes)");
+    }
+    if args.pairs > 1 {
+        text += "\n       rows: GB/s and Mmsg/s summed over the pairs, latency over every \
+                 pair's samples; then each pair's own";
+    }
+    text
+}
+
 fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
-    writeln!(
-        out,
-        "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>6} {:>7}",
-        "test",
-        "size",
-        "GB/s",
-        "Mmsg/s",
-        "median µs",
-        "p99 µs",
-        "baseline",
-        "value",
-        "ratio",
-        "cpu",
-        "resent"
-    )?;
-    let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
-    for r in rows {
-        let value = match (r.baseline_value, r.median_us.is_some()) {
-            (Some(v), true) => format!("{v:.2} µs"),
-            (Some(v), false) => format!("{v:.3} GB/s"),
-            (None, _) => "-".into(),
-        };
+    let line = |out: &mut dyn Write, cells: [&str; 13]| -> Result<()> {
         writeln!(
             out,
-            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>7} {:>6} {:>7}",
-            r.test,
-            r.size,
-            opt(r.gb_per_s, 3),
-            opt(r.mmsg_per_s, 3),
-            opt(r.median_us, 2),
-            opt(r.p99_us, 2),
-            r.baseline.as_deref().unwrap_or("-"),
-            value,
-            r.ratio.map_or("-".to_string(), |v| format!("{v:.2}x")),
-            r.cpu_ratio.map_or("-".to_string(), |v| format!("{v:.2}x")),
-            r.retransmitted,
+            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>9} {:>7} {:>6} {:>7} {:>10}",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            cells[4],
+            cells[5],
+            cells[6],
+            cells[7],
+            cells[8],
+            cells[9],
+            cells[10],
+            cells[11],
+            cells[12],
         )?;
+        Ok(())
+    };
+    line(
+        out,
+        [
+            "test",
+            "size",
+            "GB/s",
+            "Mmsg/s",
+            "median µs",
+            "p99 µs",
+            "baseline",
+            "value",
+            "b.p99 µs",
+            "ratio",
+            "cpu",
+            "resent",
+            "msgs",
+        ],
+    )?;
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
+    let times = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
+    let value = |v: Option<f64>, latency: bool| match v {
+        Some(v) if latency => format!("{v:.2} µs"),
+        Some(v) => format!("{v:.3} GB/s"),
+        None => "-".into(),
+    };
+    for r in rows {
+        let latency = r.median_us.is_some();
+        line(
+            out,
+            [
+                &r.test,
+                &r.size.to_string(),
+                &opt(r.gb_per_s, 3),
+                &opt(r.mmsg_per_s, 3),
+                &opt(r.median_us, 2),
+                &opt(r.p99_us, 2),
+                r.baseline.as_deref().unwrap_or("-"),
+                &value(r.baseline_value, latency),
+                &opt(r.baseline_p99_us, 2),
+                &times(r.ratio),
+                &times(r.cpu_ratio),
+                &r.retransmitted.to_string(),
+                &r.messages.to_string(),
+            ],
+        )?;
+        for p in &r.per_pair {
+            line(
+                out,
+                [
+                    &format!("  pair {}", p.pair),
+                    "",
+                    &opt(p.gb_per_s, 3),
+                    &opt(p.mmsg_per_s, 3),
+                    &opt(p.median_us, 2),
+                    &opt(p.p99_us, 2),
+                    "",
+                    &value(p.baseline_value, latency),
+                    &opt(p.baseline_p99_us, 2),
+                    &times(p.ratio),
+                    "",
+                    &p.retransmitted.to_string(),
+                    &p.messages.to_string(),
+                ],
+            )?;
+        }
     }
     Ok(())
 }
