@@ -74,6 +74,12 @@ pub struct BenchArgs {
     /// both sides; the UDP ping-pong baseline then blocks in `recv` too
     #[arg(long)]
     pub event: bool,
+    /// The UDP ping-pong baseline blocks in `recv` while rverbs busy-polls:
+    /// the baseline a busy-polling program should be held to where client
+    /// and server share a core (`--pin --cpus 0`), since two busy-polling
+    /// UDP processes on one core take turns a scheduler slice at a time.
+    #[arg(long)]
+    pub udp_blocking: bool,
     /// Round trips of the latency test (per pair with --pairs).
     #[arg(long, default_value_t = 20_000)]
     pub iters: u32,
@@ -665,13 +671,14 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                     got += n as u64;
                 }
             }
-            ["udp", size, n] => {
+            ["udp", size, n, mode @ ..] => {
                 let want = count(n)?;
                 let sock = UdpSocket::bind("127.0.0.1:0")?;
                 send_line(&mut control, &format!("port {}", sock.local_addr()?.port()))?;
                 // Busy-polled as the RDMA side polls its CQ; with --event
-                // it blocks, as the RDMA side sleeps on its channel.
-                sock.set_nonblocking(!event)?;
+                // it blocks, as the RDMA side sleeps on its channel (and
+                // with --udp-blocking, whose client says "block").
+                sock.set_nonblocking(!event && mode != ["block"])?;
                 let mut buf = vec![0u8; size.parse::<usize>()?.max(1)];
                 let mut done = 0u64;
                 while want.is_none_or(|w| done < w) {
@@ -1089,17 +1096,18 @@ fn udp_pingpong(
     control: &mut TcpStream,
     size: usize,
     span: Span,
-    event: bool,
+    blocking: bool,
     gate: &mut Gate,
 ) -> Result<Side> {
-    send_line(control, &format!("udp {size} {}", span.wire()))?;
+    let mode = if blocking { " block" } else { "" };
+    send_line(control, &format!("udp {size} {}{mode}", span.wire()))?;
     let port = line(control)?;
     let port = port
         .strip_prefix("port ")
         .ok_or_else(|| anyhow!("server said {port:?}"))?;
     let sock = UdpSocket::bind("127.0.0.1:0")?;
     sock.connect(format!("127.0.0.1:{port}"))?;
-    sock.set_nonblocking(!event)?;
+    sock.set_nonblocking(!blocking)?;
     let payload = vec![0x5au8; size.max(1)];
     let mut buf = vec![0u8; size.max(1)];
     let mut samples = Vec::with_capacity(span.count().unwrap_or(1 << 16) as usize);
@@ -1304,7 +1312,7 @@ fn latency_row(
             None
         } else {
             Some(bill.charge(control, true, |control| {
-                udp_pingpong(control, size, span, args.event, gate)
+                udp_pingpong(control, size, span, args.event || args.udp_blocking, gate)
             })?)
         };
         rounds.push(Round { ours, baseline });
@@ -1657,7 +1665,7 @@ fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &
                 .flat_map(|p| (0..rounds).filter_map(|k| base(p, k))),
         );
         row.baseline = Some(
-            if args.event {
+            if args.event || args.udp_blocking {
                 "udp blocking"
             } else {
                 "udp ping-pong"

@@ -560,9 +560,11 @@ impl Engine {
     /// CQ. A `busy` poller (see [`note_busy_poll`](Self::note_busy_poll))
     /// stops receiving at its first completion and holds ACKs back; one
     /// about to sleep on an armed CQ makes a full pass.
-    pub(crate) fn try_progress(&self, busy: bool, now: Instant) -> bool {
+    /// `readable`: the caller knows packets wait (it just woke for them),
+    /// so the look at the socket is skipped.
+    pub(crate) fn try_progress(&self, busy: bool, now: Instant, readable: bool) -> bool {
         let driver = if busy { Driver::Poller } else { Driver::Engine };
-        if busy && !self.may_have_work(now) {
+        if busy && !readable && !self.may_have_work(now) {
             return false;
         }
         let Some(mut st) = self.try_lock() else {

@@ -176,7 +176,8 @@ impl PollerWait {
     /// A poll found completions: a streak of empty polls, if there was one,
     /// ends (and teaches the budget). Cheap when there was none.
     pub(crate) fn found(&self, now: u64) {
-        self.last.store(now + 1, Ordering::Relaxed);
+        let now = now + 1;
+        let last = self.last.swap(now, Ordering::Relaxed);
         let since = self.since.load(Ordering::Relaxed);
         if since == 0 {
             return;
@@ -184,8 +185,14 @@ impl PollerWait {
         self.since.store(0, Ordering::Relaxed);
         let end = if self.parked.load(Ordering::Relaxed) {
             WaitEnd::Slept
+        } else if now.saturating_sub(last) > nanos(TIGHT_GAP) {
+            // The poller was away (preempted, or at other work) when the
+            // completion came: whether spinning would have caught it is
+            // unknown. (On a shared core, a spin cut short by the peer's
+            // turn is found paid this way.)
+            return;
         } else {
-            WaitEnd::Spun((now + 1).saturating_sub(since))
+            WaitEnd::Spun(now.saturating_sub(since))
         };
         self.budget.finish(self.current_spin(), end);
     }
@@ -213,15 +220,16 @@ impl PollerWait {
         if since == 0 || !tight {
             // A new streak (one left by a gap ended without a completion:
             // the program went off to do something else, and it teaches
-            // nothing). Its first poll never parks: only a program that
-            // polls again at once is waiting, and one that polls now and
-            // then, between other work, never parks.
+            // nothing). Its first poll parks only if the program polled
+            // just before, so it is in a loop that keeps polling, and the
+            // budget is nothing: a program that polls now and then, between
+            // other work, never parks.
             self.since.store(now, Ordering::Relaxed);
             self.parked.store(false, Ordering::Relaxed);
             let spin = self.budget.start();
             let code = if spin.probe { u64::MAX } else { spin.nanos };
             self.spin.store(code, Ordering::Relaxed);
-            return false;
+            return tight && last != 0 && spin.nanos == 0;
         }
         self.current_spin().spent(now - since)
     }
@@ -247,13 +255,15 @@ impl Engine {
     /// called, the next timer is due, or [`PARK_LIMIT`] has passed. The
     /// engine thread stays off the socket meanwhile (and watches that the
     /// sleeper keeps up, see `thread`).
-    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) {
+    ///
+    /// Whether it woke (or did not sleep) with the socket readable.
+    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) -> bool {
         let pushed = self.pushed.load(Ordering::SeqCst);
         let (fd, deadline) = {
             let mut st = self.lock();
             progress(&mut st, &self.mrs, now, Driver::Parking);
             let Some(fd) = st.socket.as_ref().map(AsRawFd::as_raw_fd) else {
-                return;
+                return false;
             };
             (fd, next_deadline(&st))
         };
@@ -261,7 +271,7 @@ impl Engine {
         let until = deadline.map_or(limit, |d| d.min(limit));
         let wait = until.saturating_duration_since(Instant::now());
         if wait.is_zero() {
-            return;
+            return false;
         }
         self.hold_socket_until(until);
         self.parked.fetch_add(1, Ordering::SeqCst);
@@ -269,8 +279,10 @@ impl Engine {
         // count); one pushed since this call began moved `pushed`; one
         // pushed before that to the CQ polled is there for `ready`.
         let mut rung = false;
+        let mut packets = false;
         if self.pushed.load(Ordering::SeqCst) == pushed && !ready() {
             let readable = sys::wait_readable(&[fd, self.bell.as_fd().as_raw_fd()], wait);
+            packets = readable & 1 != 0;
             rung = readable & 2 != 0;
         }
         if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 && rung {
@@ -283,6 +295,7 @@ impl Engine {
                 let _ = self.bell.write(1);
             }
         }
+        packets
     }
 
     /// A completion was pushed: wakes the threads parked on this device.

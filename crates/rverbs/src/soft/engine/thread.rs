@@ -132,7 +132,9 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                 let wake = until.min(now + WATCHDOG);
                 let left = TimeSpec::from_duration(wake.saturating_duration_since(now));
                 let _ = ppoll(&mut fds, Some(left), None);
-                let _ = engine.waker.read();
+                if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                    let _ = engine.waker.read();
+                }
                 let now = Instant::now();
                 if engine.pollers_lag(now)
                     && sys::wait_readable(&[socket_fd.as_raw_fd()], Duration::ZERO) != 0
@@ -178,12 +180,15 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+        let woken = fds[0].revents().is_some_and(|r| !r.is_empty());
         let watched = watched_fd.is_some() && fds[2].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
         if watched {
             watch.on_ready();
         }
-        let _ = engine.waker.read();
+        if woken {
+            let _ = engine.waker.read();
+        }
         let now = Instant::now();
         if engine.busy_polled_until(now).is_some() {
             // An application polls (again): it makes the progress.
