@@ -127,19 +127,18 @@ impl CompletionQueue {
         // busy-polling: the device's engine thread leaves the network to it
         // for a while.
         let polling = !armed;
-        let mut readable = false;
         if polling {
             engine.note_busy_poll(now);
             if core.wait.empty(engine.nanos_since_start(now)) {
                 core.wait.parking();
-                readable = engine.park(now, || core.len() > 0);
+                engine.park(now, || core.len() > 0);
                 now = Instant::now();
                 core.wait.woke(engine.nanos_since_start(now));
             }
         }
         // Nothing yet: drive the device's progress on this thread if no one
         // else is, so a busy-polling program needs no second spinning thread.
-        engine.try_progress(polling, now, readable);
+        engine.try_progress(polling, now);
         let n = core.poll(wc);
         if n > 0 {
             core.wait.found(engine.nanos_since_start(Instant::now()));

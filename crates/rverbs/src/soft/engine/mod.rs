@@ -44,9 +44,7 @@ mod tx;
 use std::collections::BTreeSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::ops::{Deref, DerefMut};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -183,60 +181,6 @@ pub(crate) struct Engine {
     bell: EventFd,
     /// Completions pushed to the device's CQs, ever (see `park`).
     pushed: AtomicU64,
-    /// What a busy poller reads, without the lock, to tell whether a pass
-    /// has anything to do (see [`may_have_work`](Self::may_have_work)), as
-    /// of the last time the lock was released.
-    hints: WorkHints,
-}
-
-/// The engine's state as of the last release of its lock, for a busy
-/// poller to read without taking it.
-#[derive(Debug)]
-struct WorkHints {
-    /// The socket's descriptor number (-1 once it is closed).
-    socket_fd: AtomicI32,
-    /// A pass is due at once: QPs owe packets or events, received packets
-    /// wait, or multicast sockets are open (not looked at here).
-    pending: AtomicBool,
-    /// The earliest timer, in nanoseconds after `epoch` (`u64::MAX`: none).
-    next_timer: AtomicU64,
-}
-
-/// The engine's lock held: the state, and on release the [`WorkHints`]
-/// brought up to date.
-struct Locked<'a> {
-    state: MutexGuard<'a, State>,
-    engine: &'a Engine,
-}
-
-impl Deref for Locked<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        &self.state
-    }
-}
-
-impl DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.state
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        let st = &*self.state;
-        let hints = &self.engine.hints;
-        let pending = !st.dirty.is_empty() || st.rx_left.is_some() || !st.groups.is_empty();
-        hints.pending.store(pending, Ordering::Release);
-        let next = st
-            .timers
-            .first()
-            .map_or(u64::MAX, |&(t, _)| self.engine.nanos_at(t));
-        hints.next_timer.store(next, Ordering::Release);
-        if st.socket.is_none() {
-            hints.socket_fd.store(-1, Ordering::Release);
-        }
-    }
 }
 
 impl Engine {
@@ -287,7 +231,6 @@ impl Engine {
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        let socket_fd = socket.as_raw_fd();
         let start = (getrandom::u32().unwrap_or(0x5a5a) & 0x00ff_ffff).max(2);
         Ok(Engine {
             state: Mutex::new(State {
@@ -325,58 +268,19 @@ impl Engine {
             parked: AtomicU32::new(0),
             last_poll: AtomicU64::new(0),
             pushed: AtomicU64::new(0),
-            hints: WorkHints {
-                socket_fd: AtomicI32::new(socket_fd),
-                pending: AtomicBool::new(false),
-                next_timer: AtomicU64::new(u64::MAX),
-            },
             bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
         })
     }
 
-    fn lock(&self) -> Locked<'_> {
-        let state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                // Let a spinning engine thread see someone waits (it steps
-                // back).
-                self.waiting.fetch_add(1, Ordering::SeqCst);
-                let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
-                state
-            }
-        };
-        Locked {
-            state,
-            engine: self,
+    fn lock(&self) -> MutexGuard<'_, State> {
+        if let Ok(st) = self.state.try_lock() {
+            return st;
         }
-    }
-
-    /// The lock if it is free.
-    fn try_lock(&self) -> Option<Locked<'_>> {
-        let state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
-        Some(Locked {
-            state,
-            engine: self,
-        })
-    }
-
-    /// Whether a pass may find something to do now: work is pending, a
-    /// timer is due, or the socket is readable — read without the lock, so
-    /// a busy poller with nothing to do never takes it. (A poller preempted
-    /// while holding the lock stalls the device until it runs again, which
-    /// on a busy host is milliseconds; one that spins on empty passes holds
-    /// it much of the time.)
-    fn may_have_work(&self, now: Instant) -> bool {
-        let hints = &self.hints;
-        hints.pending.load(Ordering::Acquire)
-            || self.nanos_at(now) >= hints.next_timer.load(Ordering::Acquire)
-            || sys::wait_readable(&[hints.socket_fd.load(Ordering::Acquire)], Duration::ZERO) != 0
+        // Let a spinning engine thread see someone waits (it steps back).
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        st
     }
 
     /// Most packets of `mtu` bytes one QP should have in flight: half of
@@ -560,15 +464,12 @@ impl Engine {
     /// CQ. A `busy` poller (see [`note_busy_poll`](Self::note_busy_poll))
     /// stops receiving at its first completion and holds ACKs back; one
     /// about to sleep on an armed CQ makes a full pass.
-    /// `readable`: the caller knows packets wait (it just woke for them),
-    /// so the look at the socket is skipped.
-    pub(crate) fn try_progress(&self, busy: bool, now: Instant, readable: bool) -> bool {
+    pub(crate) fn try_progress(&self, busy: bool, now: Instant) -> bool {
         let driver = if busy { Driver::Poller } else { Driver::Engine };
-        if busy && !readable && !self.may_have_work(now) {
-            return false;
-        }
-        let Some(mut st) = self.try_lock() else {
-            return false;
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
         };
         progress(&mut st, &self.mrs, now, driver);
         self.wake_if_earlier(&st, now);

@@ -255,15 +255,13 @@ impl Engine {
     /// called, the next timer is due, or [`PARK_LIMIT`] has passed. The
     /// engine thread stays off the socket meanwhile (and watches that the
     /// sleeper keeps up, see `thread`).
-    ///
-    /// Whether it woke (or did not sleep) with the socket readable.
-    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) -> bool {
+    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) {
         let pushed = self.pushed.load(Ordering::SeqCst);
         let (fd, deadline) = {
             let mut st = self.lock();
             progress(&mut st, &self.mrs, now, Driver::Parking);
             let Some(fd) = st.socket.as_ref().map(AsRawFd::as_raw_fd) else {
-                return false;
+                return;
             };
             (fd, next_deadline(&st))
         };
@@ -271,7 +269,7 @@ impl Engine {
         let until = deadline.map_or(limit, |d| d.min(limit));
         let wait = until.saturating_duration_since(Instant::now());
         if wait.is_zero() {
-            return false;
+            return;
         }
         self.hold_socket_until(until);
         self.parked.fetch_add(1, Ordering::SeqCst);
@@ -279,10 +277,8 @@ impl Engine {
         // count); one pushed since this call began moved `pushed`; one
         // pushed before that to the CQ polled is there for `ready`.
         let mut rung = false;
-        let mut packets = false;
         if self.pushed.load(Ordering::SeqCst) == pushed && !ready() {
             let readable = sys::wait_readable(&[fd, self.bell.as_fd().as_raw_fd()], wait);
-            packets = readable & 1 != 0;
             rung = readable & 2 != 0;
         }
         if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 && rung {
@@ -295,7 +291,6 @@ impl Engine {
                 let _ = self.bell.write(1);
             }
         }
-        packets
     }
 
     /// A completion was pushed: wakes the threads parked on this device.
