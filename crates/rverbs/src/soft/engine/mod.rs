@@ -6,6 +6,8 @@
 //! - `slot`: a QP as the engine holds it, and where its events go;
 //! - `rx` and `tx`: receiving and transmitting packets;
 //! - `thread`: the engine thread;
+//! - `park`: how a poller that finds nothing waits (spin while it pays,
+//!   then sleep on the socket and a completion bell);
 //! - `multicast`: UD multicast groups;
 //! - `stats`: the counters.
 //!
@@ -25,7 +27,11 @@
 //! - while an application thread busy-polls a CQ, the engine thread leaves
 //!   the socket to it (watching only timers and its wake-up), so the two do
 //!   not fight over the lock; it takes the socket back once the polling
-//!   stops for `BUSY_POLL_GRACE` or the application arms a CQ to sleep.
+//!   stops for `BUSY_POLL_GRACE` or the application arms a CQ to sleep, and
+//!   steps in meanwhile when packets wait while the pollers sleep or lag;
+//! - a busy poller that has spun its budget parks (`park`): it sleeps until
+//!   a packet arrives or a completion lands, so on shared cores it leaves
+//!   the core to the peer it waits for.
 //!
 //! Every packet carries an ICRC computed for the IP header Linux will write
 //! (`IpUdpHeaders::linux`): the socket is unconnected with Don't Fragment
