@@ -320,26 +320,26 @@ fn num(v: &serde_json::Value, field: &str) -> f64 {
         .unwrap_or_else(|| panic!("no number {field} in {v}"))
 }
 
+/// A quick latency and 4 KiB WRITE run, for the tests of bench modes.
+const SMALL_LAT_AND_WRITE: [&str; 8] = [
+    "--tests",
+    "lat,write",
+    "--sizes",
+    "4096",
+    "--bytes",
+    "1048576",
+    "--iters",
+    "100",
+];
+
 /// `--pairs 2`: two client/server process pairs run each phase at once,
 /// the baselines too. Every row has both pairs' own figures, each pair
 /// made progress on both sides, and the row's figures are theirs together.
 #[test]
 fn bench_pairs_report_every_pair() {
     for mode in [None, Some("--event")] {
-        let mut args = vec![
-            "--pairs",
-            "2",
-            "--tests",
-            "lat,write",
-            "--sizes",
-            "4096",
-            "--bytes",
-            "1048576",
-            "--iters",
-            "100",
-            "--rounds",
-            "2",
-        ];
+        let mut args = vec!["--pairs", "2", "--rounds", "2"];
+        args.extend(SMALL_LAT_AND_WRITE);
         args.extend(mode);
         let (rows, _) = bench_json(&args, std::time::Duration::from_secs(300));
         assert_eq!(rows.len(), 2, "{rows:?}");
@@ -406,22 +406,9 @@ fn first_cpu() -> String {
 #[test]
 fn bench_pin_says_where_everything_ran() {
     let limit = std::time::Duration::from_secs(300);
-    let (rows, _) = bench_json(
-        &[
-            "--pin",
-            "--tests",
-            "lat,write",
-            "--sizes",
-            "4096",
-            "--bytes",
-            "1048576",
-            "--iters",
-            "100",
-            "--rounds",
-            "1",
-        ],
-        limit,
-    );
+    let mut args = vec!["--pin", "--rounds", "1"];
+    args.extend(SMALL_LAT_AND_WRITE);
+    let (rows, _) = bench_json(&args, limit);
     assert_eq!(rows.len(), 2);
     for row in &rows {
         let placement = row["placement"].as_str().unwrap();

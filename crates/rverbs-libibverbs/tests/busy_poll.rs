@@ -14,7 +14,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 
 /// One run's outcome, from the program's output.
 struct Run {
@@ -77,21 +76,16 @@ impl Run {
 /// Runs the program once: `iterations` ping-pongs with `hogs` spinning
 /// threads in each process.
 fn run(exe: &Path, lib_dir: &Path, label: String, iterations: u32, hogs: u32) -> Run {
-    let out = Command::new(exe)
-        .arg(iterations.to_string())
-        .arg(hogs.to_string())
-        .env("LD_LIBRARY_PATH", lib_dir)
-        .env("RVERBS_COUNTERS", "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (iterations, hogs) = (iterations.to_string(), hogs.to_string());
+    let (exit_ok, text) = common::run_program(
+        exe,
+        &[&iterations, &hogs],
+        lib_dir,
+        &[("RVERBS_COUNTERS", "1")],
     );
     Run {
         label,
-        exit_ok: out.status.success(),
+        exit_ok,
         all_ok: text.lines().filter(|l| l.ends_with(": ALL OK")).count(),
         slowest_us: text.lines().filter_map(slowest_us).collect(),
         counters: text.lines().filter_map(counters).collect(),

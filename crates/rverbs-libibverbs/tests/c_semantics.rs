@@ -9,17 +9,8 @@ use std::process::Command;
 fn run_c(name: &str, source: &str, env: &[(&str, &str)]) -> Option<(bool, String)> {
     let dir = common::LibDir::new(name);
     let exe = common::compile_c(&dir.0, name, source)?;
-    let out = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &dir.0)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some((out.status.success() && text.contains("ALL OK"), text))
+    let (ok, text) = common::run_program(&exe, &[], &dir.0, env);
+    Some((ok && text.contains("ALL OK"), text))
 }
 
 #[test]

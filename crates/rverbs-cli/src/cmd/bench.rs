@@ -172,36 +172,13 @@ pub struct Row {
     /// Where the baseline ran (the same processes, so the same place).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_placement: Option<String>,
-    /// Bandwidth tests: GB/s (10^9 bytes per second), summed over the
-    /// pairs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gb_per_s: Option<f64>,
-    /// Bandwidth tests: millions of messages per second, summed over the
-    /// pairs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mmsg_per_s: Option<f64>,
-    /// Latency tests: median half round trip, µs, of every pair's samples.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub median_us: Option<f64>,
-    /// Latency tests: 99th percentile half round trip, µs, of every pair's
-    /// samples.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub p99_us: Option<f64>,
+    /// The figures: summed over the pairs (GB/s, messages) or over every
+    /// pair's samples (latency).
+    #[serde(flatten)]
+    pub figures: Figures,
     /// The baseline's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline: Option<String>,
-    /// The baseline's figure (GB/s summed over the pairs, or median µs of
-    /// every pair's samples).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub baseline_value: Option<f64>,
-    /// Latency tests: the baseline's 99th percentile, µs, of every pair's
-    /// samples.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub baseline_p99_us: Option<f64>,
-    /// Bandwidth: ours / baseline (higher is better). Latency: ours /
-    /// baseline (lower is better).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ratio: Option<f64>,
     /// CPU time both processes of every pair (all their threads) spent on
     /// the rverbs side of the row: seconds per GB moved (bandwidth tests) or
     /// per million messages, pings and replies (latency test).
@@ -213,17 +190,6 @@ pub struct Row {
     /// `cpu` / `baseline_cpu` (lower is better).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_ratio: Option<f64>,
-    /// Request packets both devices of every pair sent again during the
-    /// row's rounds (go-back-N after a NAK, an RNR NAK or a timeout): on
-    /// loopback, where nothing is lost, each comes from a receiver out of
-    /// receive WRs or a timer that fired while the peer was slow.
-    pub retransmitted: u64,
-    /// Work requests (bandwidth tests) or round trips (latency test) of the
-    /// rverbs side, over every round and pair.
-    pub messages: u64,
-    /// The same for the baseline: writes of `size` bytes, or round trips.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub baseline_messages: Option<u64>,
     /// With more than one pair: the worst pair's figure — the lowest GB/s,
     /// or the highest median µs.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -240,11 +206,21 @@ pub struct PairFigures {
     pub pair: u32,
     /// Where this pair's processes ran.
     pub placement: String,
-    /// Bandwidth tests: GB/s (median of the rounds).
+    /// The pair's own figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+/// The figures of a row, or of one pair's part of it: for a row, summed
+/// over the pairs (GB/s, message rate, messages, resends) or taken over
+/// every pair's samples (latency); for a pair, its own (GB/s: the median
+/// of its rounds).
+#[derive(Debug, Default, Serialize)]
+pub struct Figures {
+    /// Bandwidth tests: GB/s (10^9 bytes per second).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gb_per_s: Option<f64>,
-    /// Bandwidth tests: millions of messages per second (median of the
-    /// rounds).
+    /// Bandwidth tests: millions of messages per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mmsg_per_s: Option<f64>,
     /// Latency tests: median half round trip, µs.
@@ -253,20 +229,25 @@ pub struct PairFigures {
     /// Latency tests: 99th percentile half round trip, µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_us: Option<f64>,
-    /// The baseline's figure in this pair (GB/s, or median µs).
+    /// The baseline's figure (GB/s, or median µs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_value: Option<f64>,
-    /// Latency tests: the baseline's 99th percentile in this pair, µs.
+    /// Latency tests: the baseline's 99th percentile, µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_p99_us: Option<f64>,
-    /// Median of this pair's per-round ratios to its baseline.
+    /// Ours / baseline, the median of the per-round ratios: for bandwidth
+    /// higher is better, for latency lower.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
-    /// Request packets this pair's devices sent again.
+    /// Request packets the devices sent again during the rounds (go-back-N
+    /// after a NAK, an RNR NAK or a timeout): on loopback, where nothing is
+    /// lost, each comes from a receiver out of receive WRs or a timer that
+    /// fired while the peer was slow.
     pub retransmitted: u64,
-    /// Work requests or round trips of the rverbs side, over the rounds.
+    /// Work requests (bandwidth tests) or round trips (latency test) of the
+    /// rverbs side, over the rounds.
     pub messages: u64,
-    /// The same for the baseline.
+    /// The same for the baseline: writes of `size` bytes, or round trips.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_messages: Option<u64>,
 }
@@ -1571,20 +1552,16 @@ fn summarize(
             pairs: of.len() as u32,
             placement: placement.clone(),
             baseline_placement: baseline.then(|| placement.clone()),
-            gb_per_s: None,
-            mmsg_per_s: None,
-            median_us: None,
-            p99_us: None,
+            figures: Figures {
+                retransmitted: of.iter().map(|p| p.resent).sum(),
+                messages,
+                baseline_messages: baseline.then_some(base_messages),
+                ..Figures::default()
+            },
             baseline: None,
-            baseline_value: None,
-            baseline_p99_us: None,
-            ratio: None,
             cpu: None,
             baseline_cpu: None,
             cpu_ratio: None,
-            retransmitted: of.iter().map(|p| p.resent).sum(),
-            messages,
-            baseline_messages: baseline.then_some(base_messages),
             worst_pair: None,
             per_pair: Vec::new(),
         };
@@ -1594,22 +1571,18 @@ fn summarize(
             .map(|(i, p)| PairFigures {
                 pair: i as u32 + 1,
                 placement: place_text(places.get(i).copied().flatten()),
-                gb_per_s: None,
-                mmsg_per_s: None,
-                median_us: None,
-                p99_us: None,
-                baseline_value: None,
-                baseline_p99_us: None,
-                ratio: None,
-                retransmitted: p.resent,
-                messages: p.rounds.iter().map(|r| r.ours.messages).sum(),
-                baseline_messages: baseline.then(|| {
-                    p.rounds
-                        .iter()
-                        .filter_map(|r| r.baseline.as_ref())
-                        .map(|s| s.messages)
-                        .sum()
-                }),
+                figures: Figures {
+                    retransmitted: p.resent,
+                    messages: p.rounds.iter().map(|r| r.ours.messages).sum(),
+                    baseline_messages: baseline.then(|| {
+                        p.rounds
+                            .iter()
+                            .filter_map(|r| r.baseline.as_ref())
+                            .map(|s| s.messages)
+                            .sum()
+                    }),
+                    ..Figures::default()
+                },
             })
             .collect();
         let (cpu_units, base_units) = if head.latency {
@@ -1657,8 +1630,8 @@ fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &
     let baseline = !args.no_baseline;
     let rounds = of[0].rounds.len();
     let all = pooled(of.iter().flat_map(|p| (0..rounds).map(|k| ours(p, k))));
-    row.median_us = Some(percentile(&all, 0.5));
-    row.p99_us = Some(percentile(&all, 0.99));
+    row.figures.median_us = Some(percentile(&all, 0.5));
+    row.figures.p99_us = Some(percentile(&all, 0.99));
     if baseline {
         let udp = pooled(
             of.iter()
@@ -1672,10 +1645,10 @@ fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &
             }
             .into(),
         );
-        row.baseline_value = Some(percentile(&udp, 0.5));
-        row.baseline_p99_us = Some(percentile(&udp, 0.99));
+        row.figures.baseline_value = Some(percentile(&udp, 0.5));
+        row.figures.baseline_p99_us = Some(percentile(&udp, 0.99));
         // Each round's ratio, over every pair's samples of it.
-        row.ratio = median(
+        row.figures.ratio = median(
             (0..rounds)
                 .map(|k| {
                     let o = pooled(of.iter().map(|p| ours(p, k)));
@@ -1687,13 +1660,13 @@ fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &
     }
     for (fig, p) in per_pair.iter_mut().zip(of) {
         let mine = pooled((0..rounds).map(|k| ours(p, k)));
-        fig.median_us = Some(percentile(&mine, 0.5));
-        fig.p99_us = Some(percentile(&mine, 0.99));
+        fig.figures.median_us = Some(percentile(&mine, 0.5));
+        fig.figures.p99_us = Some(percentile(&mine, 0.99));
         if baseline {
             let udp = pooled((0..rounds).filter_map(|k| base(p, k)));
-            fig.baseline_value = Some(percentile(&udp, 0.5));
-            fig.baseline_p99_us = Some(percentile(&udp, 0.99));
-            fig.ratio = median(
+            fig.figures.baseline_value = Some(percentile(&udp, 0.5));
+            fig.figures.baseline_p99_us = Some(percentile(&udp, 0.99));
+            fig.figures.ratio = median(
                 (0..rounds)
                     .filter_map(|k| {
                         let b = base(p, k)?;
@@ -1708,7 +1681,7 @@ fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &
     }
     row.worst_pair = per_pair
         .iter()
-        .filter_map(|f| f.median_us)
+        .filter_map(|f| f.figures.median_us)
         .max_by(f64::total_cmp);
 }
 
@@ -1731,41 +1704,41 @@ fn bandwidth_figures(
     };
     let ours_side: fn(&Round) -> Option<&Side> = |r| Some(&r.ours);
     let base_side: fn(&Round) -> Option<&Side> = |r| r.baseline.as_ref();
-    row.gb_per_s = median(
+    row.figures.gb_per_s = median(
         (0..rounds)
             .map(|k| sum(k, Side::gb_per_s, ours_side))
             .collect(),
     );
-    row.mmsg_per_s = median(
+    row.figures.mmsg_per_s = median(
         (0..rounds)
             .map(|k| sum(k, Side::mmsg_per_s, ours_side))
             .collect(),
     );
     if baseline {
         row.baseline = Some("tcp stream".into());
-        row.baseline_value = median(
+        row.figures.baseline_value = median(
             (0..rounds)
                 .map(|k| sum(k, Side::gb_per_s, base_side))
                 .collect(),
         );
-        row.ratio = median(
+        row.figures.ratio = median(
             (0..rounds)
                 .map(|k| sum(k, Side::gb_per_s, ours_side) / sum(k, Side::gb_per_s, base_side))
                 .collect(),
         );
     }
     for (fig, p) in per_pair.iter_mut().zip(of) {
-        fig.gb_per_s = median(p.rounds.iter().map(|r| r.ours.gb_per_s()).collect());
-        fig.mmsg_per_s = median(p.rounds.iter().map(|r| r.ours.mmsg_per_s()).collect());
+        fig.figures.gb_per_s = median(p.rounds.iter().map(|r| r.ours.gb_per_s()).collect());
+        fig.figures.mmsg_per_s = median(p.rounds.iter().map(|r| r.ours.mmsg_per_s()).collect());
         if baseline {
-            fig.baseline_value = median(
+            fig.figures.baseline_value = median(
                 p.rounds
                     .iter()
                     .filter_map(|r| r.baseline.as_ref())
                     .map(Side::gb_per_s)
                     .collect(),
             );
-            fig.ratio = median(
+            fig.figures.ratio = median(
                 p.rounds
                     .iter()
                     .filter_map(|r| Some(r.ours.gb_per_s() / r.baseline.as_ref()?.gb_per_s()))
@@ -1775,7 +1748,7 @@ fn bandwidth_figures(
     }
     row.worst_pair = per_pair
         .iter()
-        .filter_map(|f| f.gb_per_s)
+        .filter_map(|f| f.figures.gb_per_s)
         .min_by(f64::total_cmp);
 }
 
@@ -1907,43 +1880,59 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
         Some(v) => format!("{v:.3} GB/s"),
         None => "-".into(),
     };
+    // The figure cells, from GB/s to the ratio, of a row or a pair.
+    let cells = |f: &Figures, latency: bool| {
+        [
+            opt(f.gb_per_s, 3),
+            opt(f.mmsg_per_s, 3),
+            opt(f.median_us, 2),
+            opt(f.p99_us, 2),
+            value(f.baseline_value, latency),
+            opt(f.baseline_p99_us, 2),
+            times(f.ratio),
+        ]
+    };
     for r in rows {
-        let latency = r.median_us.is_some();
+        let f = &r.figures;
+        let latency = f.median_us.is_some();
+        let [gb, mmsg, median, p99, base, base_p99, ratio] = cells(f, latency);
         line(
             out,
             [
                 &r.test,
                 &r.size.to_string(),
-                &opt(r.gb_per_s, 3),
-                &opt(r.mmsg_per_s, 3),
-                &opt(r.median_us, 2),
-                &opt(r.p99_us, 2),
+                &gb,
+                &mmsg,
+                &median,
+                &p99,
                 r.baseline.as_deref().unwrap_or("-"),
-                &value(r.baseline_value, latency),
-                &opt(r.baseline_p99_us, 2),
-                &times(r.ratio),
+                &base,
+                &base_p99,
+                &ratio,
                 &times(r.cpu_ratio),
-                &r.retransmitted.to_string(),
-                &r.messages.to_string(),
+                &f.retransmitted.to_string(),
+                &f.messages.to_string(),
             ],
         )?;
         for p in &r.per_pair {
+            let f = &p.figures;
+            let [gb, mmsg, median, p99, base, base_p99, ratio] = cells(f, latency);
             line(
                 out,
                 [
                     &format!("  pair {}", p.pair),
                     "",
-                    &opt(p.gb_per_s, 3),
-                    &opt(p.mmsg_per_s, 3),
-                    &opt(p.median_us, 2),
-                    &opt(p.p99_us, 2),
+                    &gb,
+                    &mmsg,
+                    &median,
+                    &p99,
                     "",
-                    &value(p.baseline_value, latency),
-                    &opt(p.baseline_p99_us, 2),
-                    &times(p.ratio),
+                    &base,
+                    &base_p99,
+                    &ratio,
                     "",
-                    &p.retransmitted.to_string(),
-                    &p.messages.to_string(),
+                    &f.retransmitted.to_string(),
+                    &f.messages.to_string(),
                 ],
             )?;
         }

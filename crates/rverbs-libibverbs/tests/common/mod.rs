@@ -131,3 +131,25 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> Option<PathBuf> {
     );
     Some(exe)
 }
+
+/// Runs `exe` with `args`, the drop-in from `lib_dir` and `env`: whether it
+/// exited successfully, and its stdout then stderr.
+pub fn run_program(
+    exe: &Path,
+    args: &[&str],
+    lib_dir: &Path,
+    env: &[(&str, &str)],
+) -> (bool, String) {
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
