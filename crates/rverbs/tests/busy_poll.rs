@@ -10,7 +10,10 @@
 //! passive side spins on its CQ meanwhile, as a benchmark's server does.
 //!
 //! The tests take turns (`ONE_AT_A_TIME`): the load beside each is what it
-//! says — its own two pollers, and its hogs — not the other tests' too.
+//! says — its own two pollers, and its hogs — not the other tests' too. A
+//! resend is excused only if the host itself kept a woken thread waiting
+//! longer than the retransmission timer's floor meanwhile
+//! (`common::stall`); an error never is.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -24,6 +27,7 @@ use rverbs::{
 
 mod common;
 use common::sge;
+use common::stall::StallWatch;
 
 /// Bytes of each READ or WRITE.
 const BIG: usize = 64 << 10;
@@ -267,6 +271,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// packet resent.
 fn check(workload: Workload, rounds: usize, hogs: usize, tag: &str) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let watch = StallWatch::start();
     let (a, b) = pair(tag);
     let _hogs = Hogs::start(hogs);
     let start = Barrier::new(2);
@@ -287,8 +292,9 @@ fn check(workload: Workload, rounds: usize, hogs: usize, tag: &str) {
     drop(_hogs);
     let (sa, sb) = (a.dev.net_stats(), b.dev.net_stats());
     let what = format!(
-        "{workload:?} {rounds} rounds, {hogs} hogs\na {ra:?}\nb {rb:?}\n\
-         a counters {:?}\nb counters {:?}",
+        "{workload:?} {rounds} rounds, {hogs} hogs, a woken thread kept waiting up to {:?}\n\
+         a {ra:?}\nb {rb:?}\na counters {:?}\nb counters {:?}",
+        watch.worst(),
         sa.counters()
             .into_iter()
             .filter(|c| c.1 != 0)
@@ -304,8 +310,12 @@ fn check(workload: Workload, rounds: usize, hogs: usize, tag: &str) {
     if matches!(workload, Workload::PingPong) {
         assert_eq!(rb.done, rounds, "{what}");
     }
-    assert_eq!(sa.retransmitted + sb.retransmitted, 0, "resent: {what}");
-    assert_eq!(sa.timeouts + sb.timeouts, 0, "timer expiries: {what}");
+    // Resends only where the host kept threads off the cores longer than
+    // the retransmission floor (see `common::stall`).
+    if !watch.excuses_a_resend() {
+        assert_eq!(sa.retransmitted + sb.retransmitted, 0, "resent: {what}");
+        assert_eq!(sa.timeouts + sb.timeouts, 0, "timer expiries: {what}");
+    }
 }
 
 /// As many spinning threads as the host has cores.

@@ -4,6 +4,8 @@
 //! async events.
 #![allow(dead_code)] // each test binary uses part of it
 
+pub mod stall;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -477,7 +477,7 @@ impl Engine {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return false,
         };
-        progress(&mut st, &self.mrs, now, driver);
+        progress(&mut st, &self.mrs, driver);
         self.wake_if_earlier(&st, now);
         true
     }
@@ -579,13 +579,18 @@ enum Driver {
     Parking,
 }
 
-/// One pass: receive a batch, run due timers, transmit and deliver.
-fn progress(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) {
+/// One pass: receive a batch, run due timers, transmit and deliver. It
+/// reads the clock itself, with the lock held: a time taken before the
+/// lock, which may have been waited for milliseconds (a debug build's long
+/// pass on another thread), armed retransmission timers that long too early
+/// and resent what the peer had acknowledged.
+fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     let before = st.stats.rx_recvs;
     // A poller about to park receives nothing: it just found the socket
     // empty, and its sleep ends at once if a packet came since.
-    let drained = driver == Driver::Parking || rx::receive(st, mem, now, driver);
+    let drained = driver == Driver::Parking || rx::receive(st, mem, driver);
     let received = st.stats.rx_recvs != before;
+    let now = Instant::now();
     // Timers wait until the socket is read dry: an ACK still queued there
     // would otherwise be found only after its packets were resent (a pass
     // that stopped early for a poller's completion, or a thread that comes

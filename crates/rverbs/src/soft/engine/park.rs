@@ -259,7 +259,7 @@ impl Engine {
         let pushed = self.pushed.load(Ordering::SeqCst);
         let (fd, deadline) = {
             let mut st = self.lock();
-            progress(&mut st, &self.mrs, now, Driver::Parking);
+            progress(&mut st, &self.mrs, Driver::Parking);
             let Some(fd) = st.socket.as_ref().map(AsRawFd::as_raw_fd) else {
                 return;
             };

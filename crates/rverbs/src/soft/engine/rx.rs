@@ -30,10 +30,12 @@ struct CmsgBuffer([u8; 64]);
 /// Receives a pass's datagrams. Whether it read the socket dry (a receive
 /// found nothing more): if not, packets still wait — an ACK among them, say
 /// — and retransmission timers must not run before they are seen.
-pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Driver) -> bool {
+pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
     let Some(fd) = st.socket.as_ref().map(|s| s.as_raw_fd()) else {
         return true;
     };
+    let start = Instant::now();
+    let now = start;
     let local = st.local;
     // Segments of a batch a poller's pass left for later come first.
     if let Some(mut left) = st.rx_left.take() {
@@ -90,6 +92,8 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Drive
             peer,
             completed: false,
         };
+        // Each datagram is handled at its own time: ACKs set timers from it.
+        let now = Instant::now();
         let stopped = handle_segments(st, mem, now, local, driver, &mut batch);
         if stopped {
             // The rest of the batch waits for the next pass; receive into
@@ -108,7 +112,7 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, now: Instant, driver: Drive
             // Hand the poller its completion before another receive call.
             break;
         }
-        if now.elapsed() >= RX_PASS_TIME {
+        if start.elapsed() >= RX_PASS_TIME {
             // A long pass holds the ACKs it owes (they go when it ends)
             // and the lock: end it; the next one goes on at once.
             break;

@@ -104,7 +104,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                     let mut st = engine.lock();
                     st.thread_wakes_at = Some(now);
                     let before = st.stats.rx_recvs;
-                    progress(&mut st, mrs, now, Driver::Engine);
+                    progress(&mut st, mrs, Driver::Engine);
                     let got = st.stats.rx_recvs != before;
                     drop(st);
                     if got {
@@ -145,7 +145,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                     // slice, gets on one at once: it makes the pass, so the
                     // ACKs the peer waits for leave now.
                     let mut st = engine.lock();
-                    progress(&mut st, mrs, now, Driver::Engine);
+                    progress(&mut st, mrs, Driver::Engine);
                 }
             }
             engine.thread_off_socket.store(false, Ordering::SeqCst);
@@ -198,7 +198,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         // Awake: it looks at the timers again before it sleeps.
         st.thread_wakes_at = Some(now);
         let before = st.stats.rx_recvs;
-        progress(&mut st, mrs, now, Driver::Engine);
+        progress(&mut st, mrs, Driver::Engine);
         if st.stats.rx_recvs != before {
             spinning = Some((now, rx_spin.start()));
         }
