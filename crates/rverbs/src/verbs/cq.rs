@@ -141,7 +141,8 @@ impl CompletionQueue {
         engine.try_progress(polling, now);
         let n = core.poll(wc);
         if n > 0 {
-            core.wait.found(engine.nanos_since_start(Instant::now()));
+            // Found by this call's own pass: at the time it began.
+            core.wait.found(engine.nanos_since_start(now));
         }
         Ok(n)
     }

@@ -37,6 +37,9 @@ pub(crate) const PARK_LIMIT: Duration = Duration::from_millis(1);
 /// starts — a program that polls now and then while it computes is never
 /// parked.
 const TIGHT_GAP: Duration = Duration::from_micros(20);
+/// A poll that finds a completion this long after the last empty one was
+/// not spinning when it came (an empty poll takes a microsecond or two).
+const AWAY: Duration = Duration::from_micros(10);
 /// A wait that ends sooner than this teaches the budget nothing.
 const SHORT_WAIT: Duration = Duration::from_micros(3);
 /// Waits between probes with the full budget: from `PROBE_FIRST`, doubled
@@ -183,14 +186,12 @@ impl PollerWait {
             return;
         }
         self.since.store(0, Ordering::Relaxed);
-        let end = if self.parked.load(Ordering::Relaxed) {
+        let end = if self.parked.load(Ordering::Relaxed) || now.saturating_sub(last) > nanos(AWAY) {
+            // Slept, or was away when the completion came: preempted (on a
+            // shared core, the peer's turn ran while the spin was cut
+            // short, which would otherwise look paid), or at other work.
+            // Either way spinning did not catch it.
             WaitEnd::Slept
-        } else if now.saturating_sub(last) > nanos(TIGHT_GAP) {
-            // The poller was away (preempted, or at other work) when the
-            // completion came: whether spinning would have caught it is
-            // unknown. (On a shared core, a spin cut short by the peer's
-            // turn is found paid this way.)
-            return;
         } else {
             WaitEnd::Spun(now.saturating_sub(since))
         };
@@ -370,5 +371,18 @@ mod tests {
         for k in 0..100 {
             assert!(!w.empty(2_000 * US + k * 100 * US));
         }
+        // A completion found right after a spin that was cut short (15 µs
+        // since the last empty poll: the peer's turn on a shared core)
+        // counts as not caught by spinning.
+        let w = PollerWait::default();
+        assert!(!w.empty(0));
+        assert!(!w.empty(2 * US));
+        w.found(17 * US);
+        assert_eq!(w.budget.budget(), MAX_SPIN / 2);
+        // One caught while spinning keeps it.
+        assert!(!w.empty(100 * US));
+        assert!(!w.empty(102 * US));
+        w.found(104 * US);
+        assert_eq!(w.budget.budget(), MAX_SPIN / 2);
     }
 }
