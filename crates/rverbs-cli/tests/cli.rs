@@ -218,55 +218,29 @@ fn counters_of_a_running_program() {
 /// finish.
 #[test]
 fn bench_latency_then_bandwidth_finishes() {
-    use std::time::{Duration, Instant};
     for mode in [None, Some("--event")] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rverbs"))
-            .arg("bench")
-            .args(mode)
-            .args([
-                "--tests",
-                "lat,write,send",
-                "--iters",
-                "300",
-                "--sizes",
-                "4096",
-                "--bytes",
-                "4194304",
-                "--rounds",
-                "3",
-                "--no-baseline",
-                "--quiet",
-                "--json",
-            ])
-            .env_remove("RVERBS_CONFIG")
-            .env_remove("RVERBS_ADDR")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("rverbs bench {mode:?} --tests lat,write,send did not finish in 120 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for test in ["send_lat", "rdma_write", "\"send\""] {
-            assert!(stdout.contains(test), "no {test} row in {stdout}");
-        }
+        let mut args = vec![
+            "--tests",
+            "lat,write,send",
+            "--iters",
+            "300",
+            "--sizes",
+            "4096",
+            "--bytes",
+            "4194304",
+            "--rounds",
+            "3",
+            "--no-baseline",
+        ];
+        args.extend(mode);
+        let (rows, _) = bench_json(&args, std::time::Duration::from_secs(120));
+        let tests: Vec<&str> = rows.iter().filter_map(|r| r["test"].as_str()).collect();
+        assert_eq!(tests, ["send_lat", "rdma_write", "send"], "{rows:?}");
         // Every row says how many packets were resent, and what CPU time
         // its rverbs side cost.
-        for field in ["\"retransmitted\"", "\"cpu\""] {
-            assert_eq!(stdout.matches(field).count(), 3, "{field} in {stdout}");
+        for row in &rows {
+            assert!(row["retransmitted"].is_u64(), "{row}");
+            assert!(num(row, "cpu") > 0.0, "{row}");
         }
     }
 }
