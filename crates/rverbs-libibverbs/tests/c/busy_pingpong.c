@@ -9,6 +9,10 @@
  * run. Each process prints its slowest iteration and "ALL OK"; the test
  * reads the device counters RVERBS_COUNTERS=1 prints at exit.
  *
+ * With IDLE_POLL_MS set, each process first busy-polls its idle CQ (QPs in
+ * RTS, no traffic) for that long and prints the CPU time it used, as a
+ * share of the wall time: "idle poll cpu F".
+ *
  * Usage: busy_pingpong [iterations [hogs per process]] */
 #include <errno.h>
 #include <pthread.h>
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -214,6 +219,27 @@ static void run(int rfd, int wfd, long iters, int nhogs, uint32_t psn)
 		if (pthread_create(&hogs[i], NULL, hog, NULL))
 			fail("pthread_create");
 	barrier(rfd, wfd);
+
+	const char *idle_ms = getenv("IDLE_POLL_MS");
+	if (idle_ms && atol(idle_ms) > 0) {
+		struct rusage a, b;
+		struct ibv_wc iwc[8];
+		getrusage(RUSAGE_SELF, &a);
+		long long t0 = now_ns(), span = atol(idle_ms) * 1000000LL;
+		while (now_ns() - t0 < span) {
+			int n = ibv_poll_cq(cq, 8, iwc);
+			if (n != 0)
+				fail("idle CQ polled %d", n);
+		}
+		getrusage(RUSAGE_SELF, &b);
+		long long wall = now_ns() - t0;
+		long long cpu = (b.ru_utime.tv_sec - a.ru_utime.tv_sec +
+				 b.ru_stime.tv_sec - a.ru_stime.tv_sec) * 1000000000LL +
+				(b.ru_utime.tv_usec - a.ru_utime.tv_usec +
+				 b.ru_stime.tv_usec - a.ru_stime.tv_usec) * 1000LL;
+		printf("%s: idle poll cpu %.4f\n", role, (double)cpu / (double)wall);
+		barrier(rfd, wfd);
+	}
 
 	long long slowest = 0, total = 0;
 	long slowest_at = 0;

@@ -110,8 +110,12 @@ impl CompletionQueue {
     /// spinning for a while (as long as spinning has paid off on this CQ of
     /// late), it sleeps in the call until a packet arrives or a completion
     /// lands, a timer is due, or a millisecond has passed — so on a busy
-    /// host it does not take the core from the peer it waits for. A program
-    /// that polls now and then, between other work, never sleeps here.
+    /// host it does not take the core from the peer it waits for. It never
+    /// sleeps on the first empty poll after a completion (the end of a
+    /// "poll until empty" loop), nor while completions land in other CQs of
+    /// the device, and a program that polls now and then, between other
+    /// work, never sleeps here. `RVERBS_POLL_PARK=0` turns sleeping off:
+    /// pollers spin as they did before.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let core = &self.core;
         let engine = &core.ctx.device.engine;
@@ -129,9 +133,11 @@ impl CompletionQueue {
         let polling = !armed;
         if polling {
             engine.note_busy_poll(now);
-            if core.wait.empty(engine.nanos_since_start(now)) {
-                core.wait.parking();
-                engine.park(now, || core.len() > 0);
+            let t = engine.nanos_since_start(now);
+            if engine.may_park() && core.wait.empty(t, engine.pushed()) {
+                if engine.park(now, || core.len() > 0) {
+                    core.wait.parking();
+                }
                 now = Instant::now();
                 core.wait.woke(engine.nanos_since_start(now));
             }

@@ -187,6 +187,8 @@ pub(crate) struct Engine {
     bell: EventFd,
     /// Completions pushed to the device's CQs, ever (see `park`).
     pushed: AtomicU64,
+    /// Pollers may park (`RVERBS_POLL_PARK=0` says no: they spin).
+    parking: bool,
 }
 
 impl Engine {
@@ -274,6 +276,10 @@ impl Engine {
             parked: AtomicU32::new(0),
             last_poll: AtomicU64::new(0),
             pushed: AtomicU64::new(0),
+            // RVERBS_POLL_PARK=0: a polling thread never sleeps in `poll`,
+            // it spins as before issue 13 (for a program that must not
+            // block there, at the cost of the core).
+            parking: std::env::var("RVERBS_POLL_PARK").map_or(true, |v| v.trim() != "0"),
             bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
         })
     }
@@ -443,6 +449,11 @@ impl Engine {
         self.hold_socket_until(now);
     }
 
+    /// Whether a poller that has spun its budget may park.
+    pub(crate) fn may_park(&self) -> bool {
+        self.parking
+    }
+
     /// A poller parks on the socket until `until`: the engine thread leaves
     /// it alone until [`BUSY_POLL_GRACE`] after that.
     fn hold_socket_until(&self, until: Instant) {
@@ -450,8 +461,9 @@ impl Engine {
         self.busy_poll_until.fetch_max(until, Ordering::SeqCst);
     }
 
-    /// Whether the threads that poll may be behind the socket: all of them
-    /// parked, or none polled within [`thread::WATCHDOG`].
+    /// Whether the threads that poll may be behind the socket: one of them
+    /// is parked (woken, it may not be on a core yet), or none polled
+    /// within [`thread::WATCHDOG`].
     fn pollers_lag(&self, now: Instant) -> bool {
         if self.parked.load(Ordering::SeqCst) > 0 {
             return true;
@@ -586,9 +598,11 @@ enum Driver {
 /// and resent what the peer had acknowledged.
 fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     let before = st.stats.rx_recvs;
-    // A poller about to park receives nothing: it just found the socket
-    // empty, and its sleep ends at once if a packet came since.
-    let drained = driver == Driver::Parking || rx::receive(st, mem, driver);
+    // A poller about to park receives nothing: its sleep ends at once if
+    // packets wait. Its pass does not count as reading the socket dry, so
+    // only timers overdue by `TIMER_DEFER` run in it (an earlier pass may
+    // have left an ACK queued); the pass after its sleep runs the rest.
+    let drained = driver != Driver::Parking && rx::receive(st, mem, driver);
     let received = st.stats.rx_recvs != before;
     let now = Instant::now();
     // Timers wait until the socket is read dry: an ACK still queued there

@@ -136,6 +136,13 @@ pub(super) fn sockets(st: &State) -> Vec<OwnedFd> {
         .collect()
 }
 
+/// The descriptor numbers of the groups' sockets, for a poller that sleeps
+/// on them while it holds the lock's state no longer (only the numbers:
+/// see `sys::wait_readable`).
+pub(super) fn raw_fds(st: &State) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+    st.groups.iter().map(|g| g.socket.as_raw_fd())
+}
+
 /// Detaches `qpn` from `group` (from every group: `None`); groups left
 /// without QPs close their sockets. Whether anything changed.
 pub(super) fn detach(st: &mut State, qpn: u32, group: Option<IpAddr>) -> bool {

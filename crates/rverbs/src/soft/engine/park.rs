@@ -18,11 +18,13 @@
 //! The kernel wakes it the moment a packet arrives, and a woken sleeper is
 //! put back on a core far sooner than a spinner that was preempted.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{next_deadline, progress, Driver, Engine};
+use smallvec::SmallVec;
+
+use super::{multicast, next_deadline, progress, Driver, Engine, BUSY_POLL_GRACE};
 use crate::soft::sys;
 
 /// The most a waiter spins before it sleeps (and what a probe spins): a
@@ -172,6 +174,8 @@ pub(crate) struct PollerWait {
     spin: AtomicU64,
     /// This streak parked at least once.
     parked: AtomicBool,
+    /// The device's count of pushed completions at the last empty poll.
+    pushed_seen: AtomicU64,
     budget: SpinBudget,
 }
 
@@ -211,28 +215,36 @@ impl PollerWait {
         }
     }
 
-    /// A poll at engine time `now` found the CQ empty: whether the poller
-    /// has spun its budget and should park.
-    pub(crate) fn empty(&self, now: u64) -> bool {
+    /// A poll at engine time `now` found the CQ empty, with `pushed`
+    /// completions pushed to the device's CQs so far (see
+    /// [`Engine::pushed`]): whether the poller has spun its budget and
+    /// should park.
+    ///
+    /// It never parks on the first empty poll of a wait — the end of the
+    /// usual "poll until empty" loop, after which the program answers what
+    /// it found — nor while completions land in other CQs of the device
+    /// (a program polling several CQs in turn gets to them first).
+    pub(crate) fn empty(&self, now: u64, pushed: u64) -> bool {
         let now = now + 1;
         let since = self.since.load(Ordering::Relaxed);
         let last = self.last.swap(now, Ordering::Relaxed);
+        let moved = self.pushed_seen.swap(pushed, Ordering::Relaxed) != pushed;
         let tight = now.saturating_sub(last) <= nanos(TIGHT_GAP);
         if since == 0 || !tight {
             // A new streak (one left by a gap ended without a completion:
             // the program went off to do something else, and it teaches
-            // nothing). Its first poll parks only if the program polled
-            // just before, so it is in a loop that keeps polling, and the
-            // budget is nothing: a program that polls now and then, between
-            // other work, never parks.
+            // nothing). A program that polls now and then, between other
+            // work, starts a new one each time, so it never parks.
             self.since.store(now, Ordering::Relaxed);
             self.parked.store(false, Ordering::Relaxed);
             let spin = self.budget.start();
             let code = if spin.probe { u64::MAX } else { spin.nanos };
             self.spin.store(code, Ordering::Relaxed);
-            return tight && last != 0 && spin.nanos == 0;
+            return false;
         }
-        self.current_spin().spent(now - since)
+        // Another thread may have begun a streak after this one read the
+        // clock: saturate.
+        !moved && self.current_spin().spent(now.saturating_sub(since))
     }
 
     /// The poller parked.
@@ -255,22 +267,27 @@ impl Engine {
     /// something, a sleep until a packet arrives, [`ring`](Self::ring) is
     /// called, the next timer is due, or [`PARK_LIMIT`] has passed. The
     /// engine thread stays off the socket meanwhile (and watches that the
-    /// sleeper keeps up, see `thread`).
-    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) {
-        let pushed = self.pushed.load(Ordering::SeqCst);
-        let (fd, deadline) = {
+    /// sleeper keeps up, see `thread`). Whether it slept.
+    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) -> bool {
+        let pushed = self.pushed();
+        // The socket, the bell, and the multicast groups' sockets.
+        let mut fds: SmallVec<[RawFd; 4]> = SmallVec::new();
+        let deadline = {
             let mut st = self.lock();
             progress(&mut st, &self.mrs, Driver::Parking);
             let Some(fd) = st.socket.as_ref().map(AsRawFd::as_raw_fd) else {
-                return;
+                return false;
             };
-            (fd, next_deadline(&st))
+            fds.push(fd);
+            fds.push(self.bell.as_fd().as_raw_fd());
+            fds.extend(multicast::raw_fds(&st));
+            next_deadline(&st)
         };
         let limit = now + PARK_LIMIT;
         let until = deadline.map_or(limit, |d| d.min(limit));
         let wait = until.saturating_duration_since(Instant::now());
         if wait.is_zero() {
-            return;
+            return false;
         }
         self.hold_socket_until(until);
         self.parked.fetch_add(1, Ordering::SeqCst);
@@ -278,20 +295,36 @@ impl Engine {
         // count); one pushed since this call began moved `pushed`; one
         // pushed before that to the CQ polled is there for `ready`.
         let mut rung = false;
-        if self.pushed.load(Ordering::SeqCst) == pushed && !ready() {
-            let readable = sys::wait_readable(&[fd, self.bell.as_fd().as_raw_fd()], wait);
+        let mut slept = false;
+        if self.pushed() == pushed && !ready() {
+            let readable = sys::wait_readable(&fds, wait);
             rung = readable & 2 != 0;
+            slept = true;
         }
-        if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 && rung {
-            // The last one up silences the bell, and rings it again if
-            // someone parked meanwhile (that ring may have been for them).
-            // A ring it did not see is silenced by the next park, which it
-            // ends at once.
-            let _ = self.bell.read();
-            if self.parked.load(Ordering::SeqCst) > 0 {
-                let _ = self.bell.write(1);
+        if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Up before its time, perhaps: the engine thread may take the
+            // socket back a grace after now, not after the planned end.
+            self.busy_poll_until.store(
+                self.nanos_at(Instant::now() + BUSY_POLL_GRACE),
+                Ordering::SeqCst,
+            );
+            if rung {
+                // The last one up silences the bell, and rings it again if
+                // someone parked meanwhile (that ring may have been for
+                // them). A ring it did not see is silenced by the next
+                // park, which it ends at once.
+                let _ = self.bell.read();
+                if self.parked.load(Ordering::SeqCst) > 0 {
+                    let _ = self.bell.write(1);
+                }
             }
         }
+        slept
+    }
+
+    /// Completions pushed to the device's CQs so far.
+    pub(crate) fn pushed(&self) -> u64 {
+        self.pushed.load(Ordering::SeqCst)
     }
 
     /// A completion was pushed: wakes the threads parked on this device.
@@ -354,35 +387,56 @@ mod tests {
     #[test]
     fn a_streak_parks_after_its_budget_and_gaps_start_a_new_one() {
         let w = PollerWait::default();
-        assert!(!w.empty(0));
-        assert!(!w.empty(10 * US));
-        assert!(!w.empty(25 * US));
-        assert!(!w.empty(40 * US));
+        assert!(!w.empty(0, 0));
+        assert!(!w.empty(10 * US, 0));
+        assert!(!w.empty(25 * US, 0));
+        assert!(!w.empty(40 * US, 0));
         // Fifty microseconds of tight polling: park.
-        assert!(w.empty(55 * US));
+        assert!(w.empty(55 * US, 0));
         w.parking();
         w.woke(900 * US);
         // The wake-up continues the streak, which found its completion
         // after parking: the budget halves.
-        assert!(w.empty(901 * US));
+        assert!(w.empty(901 * US, 0));
         w.found(902 * US);
         assert_eq!(w.budget.budget(), MAX_SPIN / 2);
         // A program that polls now and then never parks.
         for k in 0..100 {
-            assert!(!w.empty(2_000 * US + k * 100 * US));
+            assert!(!w.empty(2_000 * US + k * 100 * US, 0));
         }
         // A completion found right after a spin that was cut short (15 µs
         // since the last empty poll: the peer's turn on a shared core)
         // counts as not caught by spinning.
         let w = PollerWait::default();
-        assert!(!w.empty(0));
-        assert!(!w.empty(2 * US));
+        assert!(!w.empty(0, 0));
+        assert!(!w.empty(2 * US, 0));
         w.found(17 * US);
         assert_eq!(w.budget.budget(), MAX_SPIN / 2);
         // One caught while spinning keeps it.
-        assert!(!w.empty(100 * US));
-        assert!(!w.empty(102 * US));
+        assert!(!w.empty(100 * US, 0));
+        assert!(!w.empty(102 * US, 0));
         w.found(104 * US);
         assert_eq!(w.budget.budget(), MAX_SPIN / 2);
+    }
+
+    #[test]
+    fn never_parks_at_the_end_of_a_drain_nor_while_other_cqs_fill() {
+        let w = PollerWait::default();
+        // Spinning stopped paying: the budget is nothing.
+        for _ in 0..30 {
+            let s = w.budget.start();
+            w.budget.finish(s, WaitEnd::Slept);
+        }
+        assert_eq!(w.budget.budget(), Duration::ZERO);
+        // "Poll until empty": found, found, empty — the empty poll right
+        // after completions does not park, the next one does.
+        w.found(0);
+        w.found(US);
+        assert!(!w.empty(2 * US, 0));
+        assert!(w.empty(3 * US, 0));
+        // While completions land in other CQs of the device, no park.
+        assert!(!w.empty(4 * US, 1));
+        assert!(!w.empty(5 * US, 2));
+        assert!(w.empty(6 * US, 2));
     }
 }

@@ -4,7 +4,7 @@
 //! briefly while a stream arrives (as long as spinning pays, see `park`);
 //! and leaves the socket to an application thread that busy-polls a CQ.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,9 +136,10 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                     let _ = engine.waker.read();
                 }
                 let now = Instant::now();
-                if engine.pollers_lag(now)
-                    && sys::wait_readable(&[socket_fd.as_raw_fd()], Duration::ZERO) != 0
-                {
+                let mut watched: SmallVec<[RawFd; 4]> = SmallVec::new();
+                watched.push(socket_fd.as_raw_fd());
+                watched.extend(group_fds.iter().map(AsRawFd::as_raw_fd));
+                if engine.pollers_lag(now) && sys::wait_readable(&watched, Duration::ZERO) != 0 {
                     // Packets wait while the pollers are asleep or have not
                     // polled for a while: on a busy host, the one woken for
                     // them is not on a core yet. This thread, with its short

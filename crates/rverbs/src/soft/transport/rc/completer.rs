@@ -28,9 +28,10 @@ const MAX_FAST_RTO: Duration = Duration::from_secs(1);
 const RTT_PEAK_MEMORY: Duration = Duration::from_secs(2);
 /// An adaptive timer that runs this late says the host is busy: our own
 /// threads were kept off the cores, and the peer's ACK, on a host as busy,
-/// may be late for the same reason. It waits as long again, once, before
-/// it resends.
-const LATE_TIMER: Duration = Duration::from_millis(1);
+/// may be late for the same reason. It waits as long again (at most one
+/// more timeout), once, before it resends. Above the engine's own deferral
+/// of timers while packets wait (1 ms), so the two do not stack.
+const LATE_TIMER: Duration = Duration::from_millis(2);
 
 /// What the completer keeps: how far the peer acknowledged, the retry
 /// budgets, and the retransmission timers with the round-trip estimate
@@ -55,9 +56,10 @@ pub(super) struct CompleterState {
     /// Smoothed round trip and its mean deviation (RFC 6298).
     srtt: Option<Duration>,
     rttvar: Duration,
-    /// The largest round trip of about the last [`RTT_PEAK_MEMORY`], and
-    /// when it was measured: a peer that was once off the CPU for
-    /// milliseconds can be again, whatever the average says.
+    /// The largest round trip measured, and when: a sample replaces it if
+    /// larger, or once it is [`RTT_PEAK_MEMORY`] old. A peer that was once
+    /// off the CPU for milliseconds can be again, whatever the average
+    /// says.
     rtt_peak: Option<(Duration, Instant)>,
     /// A new packet being timed for the round-trip estimate (Karn: never a
     /// retransmitted one).
@@ -396,7 +398,7 @@ impl RcQp {
             return false;
         }
         self.comp.fast_deferred = true;
-        self.comp.fast_rto_at = Some(now + late);
+        self.comp.fast_rto_at = Some(now + late.min(self.fast_rto()));
         true
     }
 
