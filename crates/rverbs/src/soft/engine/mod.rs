@@ -584,10 +584,10 @@ enum Driver {
     /// The engine thread: a full receive batch; ACKs held while packets
     /// keep arriving, sent as soon as a pass finds none.
     Engine,
-    /// A poller about to park: no receive (it found the socket empty just
-    /// before; the sleep ends at once if a packet came since), due timers,
-    /// and every held ACK goes now (the sleeper would otherwise be woken
-    /// just to send it).
+    /// A poller about to park: no receive (its sleep ends at once if
+    /// packets wait), only timers overdue by `TIMER_DEFER` (the socket is
+    /// not known to be dry), and every held ACK goes now (the sleeper would
+    /// otherwise be woken just to send it).
     Parking,
 }
 

@@ -53,8 +53,9 @@ pub(super) struct CompleterState {
     /// The adaptive timer, found late, was put off once (see
     /// [`LATE_TIMER`]); cleared by progress.
     pub(super) fast_deferred: bool,
-    /// Smoothed round trip and its mean deviation (RFC 6298).
+    /// Smoothed round trip (RFC 6298's SRTT; `None` before a sample).
     srtt: Option<Duration>,
+    /// Its mean deviation (RTTVAR).
     rttvar: Duration,
     /// The largest round trip measured, and when: a sample replaces it if
     /// larger, or once it is [`RTT_PEAK_MEMORY`] old. A peer that was once
