@@ -137,9 +137,7 @@ fn counters(line: &str) -> Option<HashMap<String, u64>> {
 #[test]
 fn busy_polling_rc_ping_pong_never_retransmits_nor_exhausts_retries() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = common::LibDir::new("busy_pingpong");
-    let Some(exe) = common::compile_c(&dir.0, "busy_pingpong", include_str!("c/busy_pingpong.c"))
-    else {
+    let Some((dir, exe)) = program("busy_pingpong") else {
         return;
     };
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
@@ -171,6 +169,14 @@ fn busy_polling_rc_ping_pong_never_retransmits_nor_exhausts_retries() {
     eprintln!("{}", table.join("\n"));
 }
 
+/// The C program, compiled into a fresh library directory named by `tag`
+/// (`None`, after the CI check, without cc or verbs.h).
+fn program(tag: &str) -> Option<(common::LibDir, std::path::PathBuf)> {
+    let dir = common::LibDir::new(tag);
+    let exe = common::compile_c(&dir.0, "busy_pingpong", include_str!("c/busy_pingpong.c"))?;
+    Some((dir, exe))
+}
+
 /// Held by the test running, so neither skews the other.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -196,9 +202,7 @@ fn idle_poll_cpu(exe: &Path, lib_dir: &Path, env: &[(&str, &str)]) -> Vec<f64> {
 #[test]
 fn busy_polling_an_idle_cq_leaves_the_core_unless_told_not_to() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = common::LibDir::new("idle_poll");
-    let Some(exe) = common::compile_c(&dir.0, "busy_pingpong", include_str!("c/busy_pingpong.c"))
-    else {
+    let Some((dir, exe)) = program("idle_poll") else {
         return;
     };
     let parked = idle_poll_cpu(&exe, &dir.0, &[]);
