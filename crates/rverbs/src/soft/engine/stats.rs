@@ -92,6 +92,11 @@ counters_struct! {
         /// UC packets dropped (the rest of a message after a gap, or a message
         /// refused: no receive WR, bad rkey, too long).
         pub uc_dropped: u64,
+        /// RC responses (ACKs, NAKs, READ responses, atomic ACKs) dropped for
+        /// naming a PSN their QP never sent: posted work still held back (by
+        /// the congestion window, a READ/atomic credit, a fence) or beyond.
+        /// No genuine peer sends them; they are forged, or from a confused peer.
+        pub acks_for_unsent: u64,
         /// UD packets dropped for a Q_Key that did not match the QP's.
         pub qkey_violations: u64,
         /// UD packets dropped because their QP had no receive WR posted.
@@ -112,6 +117,7 @@ impl NetStats {
             window_cuts,
             fatal_naks_sent,
             uc_dropped,
+            acks_for_unsent,
         } = *c;
         self.retransmitted += retransmitted;
         self.timeouts += timeouts;
@@ -123,6 +129,7 @@ impl NetStats {
         self.window_cuts += window_cuts;
         self.fatal_naks_sent += fatal_naks_sent;
         self.uc_dropped += uc_dropped;
+        self.acks_for_unsent += acks_for_unsent;
     }
 
     /// Counts a packet a QP's transport dropped unread.

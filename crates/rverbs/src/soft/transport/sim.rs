@@ -24,6 +24,8 @@ use crate::soft::memory::{MrCore, MrState, MrTable, Region};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, Sge, WrOpcode};
 
+mod unsent;
+
 const PD: u64 = 7;
 const MTU: u32 = 1024;
 

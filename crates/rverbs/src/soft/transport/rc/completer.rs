@@ -130,7 +130,16 @@ impl RcQp {
     ) {
         let psn = pkt.bth.psn;
         // Only PSNs this requester sent and has not seen acknowledged count.
-        if !psn.in_window(self.comp.una, self.comp.una.distance_to(self.req.next_psn)) {
+        // Sent: below `sent_high`, not merely posted (`next_psn`) — work
+        // held back by the window, a credit or a fence was acknowledged by
+        // no genuine peer (rxe ignores such responses too). This bounds
+        // READ responses to the range asked for as well: while a READ is
+        // incomplete nothing after the chunk last asked for goes out.
+        // Below `una`: an old or duplicate response, ignored unremarked.
+        if !psn.in_window(self.comp.una, self.comp.una.distance_to(self.req.sent_high)) {
+            if !psn.is_before(self.comp.una) {
+                self.counters.acks_for_unsent += 1;
+            }
             return;
         }
         match pkt.bth.opcode {
@@ -285,9 +294,10 @@ impl RcQp {
         self.pop_completed();
     }
 
-    /// Cumulative acknowledgement of every request PSN up to `psn`.
+    /// Cumulative acknowledgement of every request PSN up to `psn` (one
+    /// that was sent: never past `sent_high`).
     fn ack_through(&mut self, psn: Psn, now: Instant) {
-        if psn.is_before(self.comp.una) || !psn.is_before(self.req.next_psn) {
+        if psn.is_before(self.comp.una) || !psn.is_before(self.req.sent_high) {
             return;
         }
         let mut lost = None;

@@ -131,6 +131,10 @@ pub(crate) struct RcCounters {
     /// UC packets dropped: the rest of a message after a gap, or a message
     /// refused (no receive WR, bad rkey, too long).
     pub(crate) uc_dropped: u64,
+    /// ACKs, NAKs, READ responses and atomic ACKs dropped for naming a PSN
+    /// this requester never sent (posted work not yet on the wire, or
+    /// beyond): forged, or from a confused peer.
+    pub(crate) acks_for_unsent: u64,
 }
 
 impl RcCounters {
@@ -146,6 +150,7 @@ impl RcCounters {
         self.window_cuts += other.window_cuts;
         self.fatal_naks_sent += other.fatal_naks_sent;
         self.uc_dropped += other.uc_dropped;
+        self.acks_for_unsent += other.acks_for_unsent;
     }
 }
 
