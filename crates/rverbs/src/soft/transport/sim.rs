@@ -1392,15 +1392,33 @@ impl Sim {
     /// Every packet side `from` has to send now, taken off it instead of
     /// going on the link.
     fn take_packets(&mut self, from: usize) -> Vec<Vec<u8>> {
+        self.take_packets_built(from, false)
+    }
+
+    /// [`take_packets`](Self::take_packets), the payloads copied in as
+    /// the packets are built or (`zero_copy`) described by reference and
+    /// fetched after, as the engine does.
+    fn take_packets_built(&mut self, from: usize, zero_copy: bool) -> Vec<Vec<u8>> {
         let mut buf = vec![0u8; MTU as usize + 128];
+        let mut refs = Vec::new();
         let mut out = Vec::new();
         let side = &mut self.sides[from];
-        while let Some(n) = side.qp.poll_transmit(
-            self.now,
-            &side.mem,
-            &mut TxBuffer::copying(&mut buf),
-            AckPolicy::Now,
-        ) {
+        loop {
+            refs.clear();
+            let mut tx = TxBuffer {
+                bytes: &mut buf,
+                refs: zero_copy.then_some(&mut refs),
+            };
+            let Some(n) = side
+                .qp
+                .poll_transmit(self.now, &side.mem, &mut tx, AckPolicy::Now)
+            else {
+                break;
+            };
+            for r in &refs {
+                let dst = &mut buf[r.at as usize..(r.at + r.len) as usize];
+                Memory::read(&side.mem, r.key, r.va, r.pd, r.kind, dst).unwrap();
+            }
             out.push(buf[..n].to_vec());
         }
         self.drain_events();
@@ -2168,4 +2186,118 @@ fn uc_keeps_an_abandoned_srq_wr_and_the_srq_stays_within_max_wr() {
     assert_eq!(q.held, 0);
     let ids: Vec<u64> = q.wqes.iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [1000, 1001, 1002]);
+}
+
+/// A zero-length READ request as rxe and NICs send it — DMA length 0,
+/// R_Key 0, VA 0; our requester puts the same on the wire for a
+/// zero-length READ WR with rkey 0 at VA 0 — makes no key check (IBTA
+/// C9-88): the responder answers with one READ RESPONSE ONLY carrying an
+/// ACK and no payload, whether payloads are copied or sent by reference,
+/// replays it for a duplicate, and stays in RTS; the requester's WR
+/// completes with byte_len 0. One byte with the same key is still a
+/// remote access error.
+#[test]
+fn a_zero_length_read_request_with_rkey_0_is_answered_without_a_key_check() {
+    use rverbs_wire::{AethRepr, BthRepr, NakCode, RethRepr, Syndrome};
+    for zero_copy in [false, true] {
+        let what = if zero_copy { "by reference" } else { "copied" };
+        let mut sim = Sim::new(12, LinkFaults::CLEAN);
+        // B has an MR; the request names none.
+        register(&sim.sides[1].mem, 4096, all_access());
+        let psn = Psn::new(0xff_fff0);
+        let mut bth = BthRepr::new(Opcode::RC_RDMA_READ_REQUEST, QPN[1], psn);
+        bth.ack_req = true;
+        let mut crafted = PacketRepr::new(bth);
+        crafted.reth = Some(RethRepr {
+            va: 0,
+            rkey: 0,
+            dma_len: 0,
+        });
+        let mut req = vec![0u8; crafted.buffer_len()];
+        crafted.emit(&mut req).unwrap();
+        sim.sides[0].qp.post_send(SendWqe {
+            wr_id: 1,
+            op: WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            data: WqeData::Sges(smallvec![]),
+            length: 0,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        });
+        let ours = sim.take_packets(0);
+        assert_eq!(ours, vec![req.clone()], "what our requester sends");
+        let mut response = Vec::new();
+        for round in ["new", "duplicate"] {
+            sim.hand_over(1, &req);
+            let out = sim.take_packets_built(1, zero_copy);
+            assert_eq!(out.len(), 1, "{what}, {round}: {out:?}");
+            let p = PacketRepr::parse(&out[0]).unwrap();
+            assert_eq!(
+                (p.bth.opcode, p.bth.psn, p.payload.len()),
+                (Opcode::RC_RDMA_READ_RESPONSE_ONLY, psn, 0),
+                "{what}, {round}"
+            );
+            assert!(
+                matches!(
+                    p.aeth,
+                    Some(AethRepr {
+                        syndrome: Syndrome::Ack { .. },
+                        ..
+                    })
+                ),
+                "{what}, {round}: {:?}",
+                p.aeth
+            );
+            assert_eq!(sim.sides[1].qp.state(), QpState::Rts, "{what}, {round}");
+            assert!(sim.sides[1].events.is_empty(), "{what}, {round}");
+            response = out[0].clone();
+        }
+        sim.hand_over(0, &response);
+        let wcs: Vec<_> = sim.sides[0]
+            .sends
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+            .collect();
+        assert_eq!(
+            wcs,
+            vec![(1, WcStatus::Success, WcOpcode::RdmaRead, 0)],
+            "{what}"
+        );
+        // One byte through the same key: NAK remote access error.
+        crafted.bth.psn = psn.next();
+        crafted.reth = Some(RethRepr {
+            va: 0,
+            rkey: 0,
+            dma_len: 1,
+        });
+        let mut req = vec![0u8; crafted.buffer_len()];
+        crafted.emit(&mut req).unwrap();
+        sim.hand_over(1, &req);
+        let out = sim.take_packets_built(1, zero_copy);
+        let naks: Vec<_> = out
+            .iter()
+            .map(|b| {
+                let p = PacketRepr::parse(b).unwrap();
+                (p.bth.opcode, p.bth.psn, p.aeth.map(|a| a.syndrome))
+            })
+            .collect();
+        assert_eq!(
+            naks,
+            vec![(
+                Opcode::RC_ACKNOWLEDGE,
+                psn.next(),
+                Some(Syndrome::Nak(NakCode::RemoteAccessError))
+            )],
+            "{what}"
+        );
+        assert_eq!(sim.sides[1].qp.state(), QpState::Err, "{what}");
+        assert_eq!(
+            sim.sides[1].events,
+            vec![AsyncEventType::QpAccessErr],
+            "{what}"
+        );
+    }
 }

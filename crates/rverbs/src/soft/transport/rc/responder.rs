@@ -276,7 +276,11 @@ impl RcQp {
                 let va = va.wrapping_add(u64::from(offset));
                 let pd = self.cfg.pd;
                 let read = match tx.refs.as_deref_mut() {
-                    Some(refs) if plen > 0 => {
+                    // A zero-length READ (only then is `plen` 0) names no
+                    // memory: no key is looked up (IBTA C9-88), as the
+                    // request was not checked either — any rkey and VA go.
+                    _ if plen == 0 => Ok(()),
+                    Some(refs) => {
                         let kind = AccessKind::RemoteRead;
                         mem.check(rkey, va, u64::from(plen), pd, kind).map(|()| {
                             refs.push(PayloadRef {
@@ -289,7 +293,7 @@ impl RcQp {
                             });
                         })
                     }
-                    _ => mem.read(
+                    None => mem.read(
                         rkey,
                         va,
                         pd,
