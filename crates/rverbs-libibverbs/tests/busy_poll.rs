@@ -105,7 +105,19 @@ fn run(exe: &Path, lib_dir: &Path, label: String, iterations: u32, hogs: u32) ->
     Run {
         label,
         stall: watch.worst(),
-        stalls: watch.stalls(),
+        // Stalls the sleepers saw, and those the pollers saw of
+        // themselves (a runnable thread kept off the cores).
+        stalls: watch.stalls()
+            + text
+                .lines()
+                .filter_map(|l| {
+                    l.split_once(": poller stalls ")?
+                        .1
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>(),
         exit_ok,
         all_ok: text.lines().filter(|l| l.ends_with(": ALL OK")).count(),
         slowest_us: text.lines().filter_map(slowest_us).collect(),

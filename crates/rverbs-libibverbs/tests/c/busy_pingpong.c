@@ -241,7 +241,8 @@ static void run(int rfd, int wfd, long iters, int nhogs, uint32_t psn)
 		barrier(rfd, wfd);
 	}
 
-	long long slowest = 0, total = 0;
+	long long slowest = 0, total = 0, last_poll = 0;
+	long poller_stalls = 0;
 	long slowest_at = 0;
 	long sent = 0, received = 0;
 	for (long i = 0; i < iters; i++) {
@@ -263,6 +264,12 @@ static void run(int rfd, int wfd, long iters, int nhogs, uint32_t psn)
 			fail("ibv_post_send %ld: %s", i, strerror(err));
 		while (sent <= i || received <= i) {
 			struct ibv_wc wc[8];
+			/* Two polls 10 ms or more apart: the host kept this
+			 * thread off the cores (a poll sleeps 1 ms at most). */
+			long long t = now_ns();
+			if (last_poll && t - last_poll >= 10000000LL)
+				poller_stalls++;
+			last_poll = t;
 			int n = ibv_poll_cq(cq, 8, wc);
 			if (n < 0)
 				fail("ibv_poll_cq: %d", n);
@@ -322,6 +329,7 @@ static void run(int rfd, int wfd, long iters, int nhogs, uint32_t psn)
 	       "%d hogs\n",
 	       role, slowest / 1000, slowest_at, iters,
 	       iters ? total / iters / 1000 : 0, nhogs);
+	printf("%s: poller stalls %ld\n", role, poller_stalls);
 	int e1 = ibv_destroy_qp(qp), e2 = ibv_destroy_cq(cq),
 	    e3 = ibv_dereg_mr(mr), e4 = ibv_dealloc_pd(pd),
 	    e5 = ibv_close_device(ctx);

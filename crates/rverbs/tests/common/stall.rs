@@ -8,9 +8,11 @@
 //! floor: a shared 2-core VM here once left a vCPU unscheduled for 31 ms
 //! with nothing else running, and then no transport can tell a stalled peer
 //! from a lost packet. The tests excuse timer expiries (and their resends)
-//! only up to the number of such stalls this watch saw during the run. The
-//! sleepers are not pinned, so a stall of one vCPU may go unseen: the
-//! excuse errs on the strict side.
+//! only up to the number of such stalls seen during the run: by this
+//! watch's sleepers, and by the tests' pollers themselves (two polls 10 ms
+//! apart: a runnable thread kept off the cores, which a sleeper, favoured
+//! on wake-up, may not see). The sleepers are not pinned, so a stall of one
+//! vCPU may go unseen: the excuse errs on the strict side.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
