@@ -161,6 +161,11 @@ pub(crate) struct Datagram<'a> {
 /// Most datagrams one [`send_many`] call hands the kernel.
 pub(crate) const MAX_DATAGRAMS: usize = 8;
 
+/// Most I/O vector entries one datagram may have (`UIO_MAXIOV`): the kernel
+/// refuses a message with more (EMSGSIZE). The limit is per message, not
+/// per `sendmmsg` call.
+pub(crate) const MAX_IOV: usize = libc::UIO_MAXIOV as usize;
+
 /// `sendmmsg(2)` of up to [`MAX_DATAGRAMS`] datagrams to `to`, each a GSO
 /// batch when it says so: one system call where `sendmsg` would make one
 /// each. How many the kernel took (it stops at the first it refuses, and

@@ -28,12 +28,14 @@ use crate::soft::transport::rc::{AckPolicy, RcQp};
 use crate::soft::transport::{PayloadRef, TxBuffer};
 
 /// Packets gathered for one send: `count` segments of `seg` bytes (the last
-/// may be shorter), `len` bytes in all.
+/// may be shorter), `len` bytes in all, their I/O vector at most `iovs`
+/// entries long (see [`iov_entries`]).
 #[derive(Default, Clone, Copy)]
 struct Batch {
     len: usize,
     seg: usize,
     count: usize,
+    iovs: usize,
 }
 
 /// One packet of a batch: its length in the transmit buffer, and which of
@@ -64,6 +66,22 @@ fn packet_pieces<'a>(
     if pos < pkt.len() {
         out.push(&pkt[pos..]);
     }
+}
+
+/// How many I/O vector entries at most a packet whose payload references
+/// are `refs` adds to its datagram's (see [`iovecs`]): one per reference,
+/// one per stretch of the buffer before one, and one for the buffer's rest
+/// (which, in a batch, the next packet's header joins). A packet without
+/// references is one; one of the most SGEs, 1 + 32 + 1 (its pieces follow
+/// each other), always far below [`sys::MAX_IOV`].
+fn iov_entries(refs: &[PayloadRef]) -> usize {
+    let mut pos = 0;
+    let mut n = 1;
+    for r in refs {
+        n += 1 + usize::from(r.at as usize > pos);
+        pos = r.at as usize + r.len as usize;
+    }
+    n
 }
 
 /// The errno of an I/O error (EIO if it has none).
@@ -401,7 +419,11 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 // on a shared core one-core ping-pong took 22.6–23.6 µs a
                 // hop against 18.8–19.9 µs; on free cores the two were
                 // within 0.4 µs.)
-                if open.count > 0 && n > open.seg {
+                // Nor does a packet whose pieces would take the batch's I/O
+                // vector past what the kernel takes for one datagram (it
+                // would refuse the whole batch): many small SGEs each.
+                let iovs = iov_entries(&refs[first_ref..]);
+                if open.count > 0 && (n > open.seg || open.iovs + iovs > sys::MAX_IOV) {
                     // It does not join: close the open batch; this packet
                     // starts the next.
                     close_batch(&mut sends, &mut open, &mut open_pkts, pkts.len());
@@ -415,6 +437,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 }
                 open.len += n;
                 open.count += 1;
+                open.iovs += iovs;
                 end = at + n;
                 let full =
                     open.count == MAX_BATCH_SEGMENTS || open.len + open.seg > MAX_BATCH_BYTES;
@@ -474,6 +497,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                         len: n,
                         seg: n,
                         count: 1,
+                        iovs: 1,
                     },
                     pkts: 0..1,
                 };
@@ -588,6 +612,7 @@ mod tests {
                 len: 300,
                 seg: 100,
                 count: 3,
+                iovs: 1,
             },
             pkts: 0..3,
         };
@@ -618,7 +643,12 @@ mod tests {
             .iter()
             .map(|&len| TxPacket { len, refs: 0..0 })
             .collect();
-        let batch = |len, seg, count| Batch { len, seg, count };
+        let batch = |len, seg, count| Batch {
+            len,
+            seg,
+            count,
+            iovs: count,
+        };
         let sends = [
             PendingSend {
                 batch: batch(70_000, 70_000, 1),
@@ -647,6 +677,40 @@ mod tests {
             (3, 0, 1),
             "{stats:?}"
         );
+    }
+
+    /// `iov_entries` is what `iovecs` takes for a packet alone (in a batch
+    /// at most that): one for a packet without references, one more per
+    /// reference whose pieces follow each other, and a stretch more per
+    /// gap between them.
+    #[test]
+    fn iov_entries_is_a_packets_io_vector_length() {
+        let piece = |at: u32, len: u32| PayloadRef {
+            at,
+            key: 1,
+            va: 0,
+            len,
+            pd: 0,
+            kind: crate::soft::memory::AccessKind::LocalRead,
+        };
+        let data = [7u8; 64];
+        let buf = [0u8; 200];
+        let cases: [(&[PayloadRef], usize); 4] = [
+            (&[], 1),
+            (&[piece(28, 8)], 3),
+            (&[piece(28, 8), piece(36, 8), piece(44, 8)], 5),
+            (&[piece(28, 8), piece(40, 8), piece(48, 8)], 6),
+        ];
+        for (refs, want) in cases {
+            let payloads: Vec<&[u8]> = refs.iter().map(|r| &data[..r.len as usize]).collect();
+            let pkts = [TxPacket {
+                len: buf.len(),
+                refs: 0..refs.len(),
+            }];
+            let mut iov = IoVector::new();
+            iovecs(&buf, &pkts, refs, &payloads, 0..1, &mut iov);
+            assert_eq!((iov_entries(refs), iov.len()), (want, want), "{refs:?}");
+        }
     }
 
     #[test]
