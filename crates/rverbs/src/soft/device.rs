@@ -108,7 +108,7 @@ fn port_attr(active_mtu: Mtu) -> PortAttr {
         active_mtu,
         gid_tbl_len: GID_TABLE_LEN,
         port_cap_flags: PortCapFlags::CM_SUP | PortCapFlags::IP_BASED_GIDS,
-        max_msg_sz: 1 << 31,
+        max_msg_sz: crate::soft::transport::MAX_MSG_SZ,
         bad_pkey_cntr: 0,
         qkey_viol_cntr: 0,
         pkey_tbl_len: 1,

@@ -25,7 +25,7 @@ use crate::wr::{Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
 /// Most bytes of inline data a send WR may carry.
 pub const MAX_INLINE_DATA: u32 = 512;
 /// Largest message (the port's `max_msg_sz`).
-const MAX_MSG: u64 = 1 << 31;
+const MAX_MSG: u64 = crate::soft::transport::MAX_MSG_SZ as u64;
 
 /// Builds a QP (`struct ibv_qp_init_attr`).
 #[must_use]

@@ -21,6 +21,11 @@ use crate::soft::memory::{AccessError, AccessKind, MrTable};
 use crate::wc::WorkCompletion;
 use crate::wr::{Sge, WrOpcode};
 
+/// The largest message, in bytes: IBTA's maximum message size, which the
+/// port reports as `max_msg_sz`. Longer sends are EINVAL at post, and a
+/// READ or WRITE request asking for more is an invalid request.
+pub(crate) const MAX_MSG_SZ: u32 = 1 << 31;
+
 /// An atomic operation on 8 bytes of registered memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AtomicOp {

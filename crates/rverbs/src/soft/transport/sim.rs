@@ -2301,3 +2301,148 @@ fn a_zero_length_read_request_with_rkey_0_is_answered_without_a_key_check() {
         );
     }
 }
+
+/// Registered memory without bounds: every check passes, reads give
+/// zeros and writes vanish — a peer's MR of 4 GiB, without the 4 GiB.
+struct Boundless;
+
+impl Memory for Boundless {
+    fn check(
+        &self,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: u64,
+        _: crate::soft::memory::AccessKind,
+    ) -> Result<(), crate::soft::memory::AccessError> {
+        Ok(())
+    }
+    fn read(
+        &self,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: crate::soft::memory::AccessKind,
+        dst: &mut [u8],
+    ) -> Result<(), crate::soft::memory::AccessError> {
+        dst.fill(0);
+        Ok(())
+    }
+    fn write(
+        &self,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: crate::soft::memory::AccessKind,
+        _: &[u8],
+    ) -> Result<(), crate::soft::memory::AccessError> {
+        Ok(())
+    }
+    fn atomic(
+        &self,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: super::AtomicOp,
+    ) -> Result<u64, crate::soft::memory::AccessError> {
+        Ok(0)
+    }
+}
+
+#[test]
+fn a_read_or_write_request_over_2_pow_31_bytes_is_an_invalid_request() {
+    // Issue 14, item 10: IBTA's maximum message size is 2^31 bytes. A READ
+    // request whose RETH asks for more (over an MR that big) made the
+    // responder take its PSNs — 2^32 - 1 bytes at MTU 1024 are 2^22 of
+    // them, past what 24-bit order can tell apart — and stream the
+    // responses; a WRITE's first packet began a message of that length.
+    // The responder now NAKs either as an invalid request (QP_REQ_ERR),
+    // before any R_Key check, and sends no response.
+    for (name, op, len, dma_len) in [
+        (
+            "READ",
+            WrOpcode::RdmaRead {
+                remote_addr: 0x10_0000,
+                rkey: 0x1234,
+            },
+            16,
+            (1u32 << 31) + 1,
+        ),
+        (
+            "READ",
+            WrOpcode::RdmaRead {
+                remote_addr: 0x10_0000,
+                rkey: 0x1234,
+            },
+            16,
+            u32::MAX,
+        ),
+        (
+            "WRITE",
+            WrOpcode::RdmaWrite {
+                remote_addr: 0x10_0000,
+                rkey: 0x1234,
+            },
+            2 * MTU,
+            (1u32 << 31) + 1,
+        ),
+    ] {
+        let what = format!("{name} with a DMA length of {dma_len}");
+        let mut sim = Sim::new(4, LinkFaults::CLEAN);
+        let (key, base) = register(&sim.sides[0].mem, 2 * MTU as usize, all_access());
+        sim.sides[0].qp.post_send(SendWqe {
+            wr_id: 1,
+            op,
+            data: WqeData::Sges(smallvec![Sge {
+                addr: base,
+                length: len,
+                lkey: key,
+            }]),
+            length: len,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        });
+        let mut first = sim.take_packets(0).swap_remove(0);
+        // BTH (12 bytes), then the RETH: VA (8), R_Key (4), DMA length (4).
+        first[24..28].copy_from_slice(&dma_len.to_be_bytes());
+        let p = PacketRepr::parse(&first).unwrap();
+        assert_eq!(p.reth.unwrap().dma_len, dma_len, "{what}");
+        let now = sim.now;
+        let side = &mut sim.sides[1];
+        let _ = side.qp.handle_packet(&p, now, &Boundless);
+        let mut buf = vec![0u8; MTU as usize + 128];
+        let mut sent = Vec::new();
+        while sent.len() < 4 {
+            let mut tx = TxBuffer {
+                bytes: &mut buf,
+                refs: None,
+            };
+            let Some(n) = side
+                .qp
+                .poll_transmit(now, &Boundless, &mut tx, AckPolicy::Now)
+            else {
+                break;
+            };
+            let p = PacketRepr::parse(&buf[..n]).unwrap();
+            sent.push((p.bth.opcode, p.aeth.map(|a| a.syndrome)));
+        }
+        assert_eq!(
+            sent,
+            vec![(
+                Opcode::RC_ACKNOWLEDGE,
+                Some(rverbs_wire::Syndrome::Nak(
+                    rverbs_wire::NakCode::InvalidRequest
+                ))
+            )],
+            "{what}: one NAK, no response"
+        );
+        sim.drain_events();
+        assert_eq!(sim.sides[1].qp.state(), QpState::Err, "{what}");
+        assert_eq!(
+            sim.sides[1].events,
+            vec![AsyncEventType::QpReqErr],
+            "{what}"
+        );
+    }
+}

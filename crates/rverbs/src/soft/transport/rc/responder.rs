@@ -20,6 +20,7 @@ use crate::soft::memory::{AccessError, AccessKind};
 use crate::soft::transport::recv::{RecvQueue, SharedRq};
 use crate::soft::transport::{
     qp_allows, recv_flush_wc, scatter, AtomicOp, Memory, PayloadRef, QpEvent, RecvWqe, TxBuffer,
+    MAX_MSG_SZ,
 };
 use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::QpState;
@@ -775,13 +776,18 @@ impl RcQp {
 }
 
 /// Checks the remote access a RETH asks for (none for a zero-length one, as
-/// IBTA allows any key then); a failure is a remote access error.
+/// IBTA allows any key then); a failure is a remote access error. A length
+/// over the maximum message size is an invalid request, whatever the key:
+/// a READ that long would take more PSNs than 24-bit order can tell apart.
 fn check_remote(
     mem: &dyn Memory,
     reth: &RethRepr,
     pd: u64,
     kind: AccessKind,
 ) -> Result<(), Refusal> {
+    if reth.dma_len > MAX_MSG_SZ {
+        return Err(Refusal::InvalidRequest);
+    }
     if reth.dma_len == 0 {
         return Ok(());
     }
