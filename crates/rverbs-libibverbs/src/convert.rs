@@ -58,16 +58,20 @@ pub(crate) fn c_ah_attr(a: &AhAttr) -> ibv_ah_attr {
 /// A WR's scatter/gather list: a few entries without a heap allocation.
 pub(crate) type SgeVec = SmallVec<[Sge; 4]>;
 
-/// The SGE list of a C work request.
+/// The SGE list of a C work request; `None` (nothing read) when `num_sge`
+/// is negative or above `max` — the queue's `max_sge`, checked before the
+/// array is touched, as the program's array may hold fewer — or when
+/// `sg_list` is NULL with entries.
 ///
 /// # Safety
-/// `sg_list` must hold `num_sge` entries (or be anything when it is 0).
-pub(crate) unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<SgeVec> {
+/// `sg_list` must hold `num_sge` entries when `num_sge` is at most `max`
+/// (or be anything when it is 0).
+pub(crate) unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int, max: u32) -> Option<SgeVec> {
     let n = usize::try_from(num_sge).ok()?;
     if n == 0 {
         return Some(SgeVec::new());
     }
-    if sg_list.is_null() {
+    if n > max as usize || sg_list.is_null() {
         return None;
     }
     // SAFETY: per the caller, sg_list holds num_sge entries.

@@ -400,8 +400,13 @@ pub(crate) unsafe extern "C" fn post_recv(
         let Some(rust) = (unsafe { qp_ref(qp) }) else {
             return libc::EINVAL;
         };
+        let caps = rust.caps();
         // SAFETY: the caller passes a valid list and a writable bad_wr.
-        unsafe { post_recv_chain(wr, bad_wr, |wrs| rust.post_recv_list(wrs)) }
+        unsafe {
+            post_recv_chain(wr, bad_wr, caps.max_recv_wr, caps.max_recv_sge, |wrs| {
+                rust.post_recv_list(wrs)
+            })
+        }
     })
 }
 

@@ -7,7 +7,7 @@
 use std::ffi::{c_int, c_void};
 use std::ptr;
 
-use rverbs::{Payload, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
+use rverbs::{Payload, QpCaps, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 use rverbs_ibverbs_abi::abi::*;
 
 use crate::convert::{sges, SgeVec};
@@ -70,12 +70,33 @@ fn with_batch(qp: *mut ibv_qp_ex, f: impl FnOnce(&ibv_qp_ex, &mut Batch)) {
     })
 }
 
+/// The sizes of the QP behind `qp` (`None` for a NULL or foreign pointer).
+fn caps_of(qp: *mut ibv_qp_ex) -> Option<QpCaps> {
+    // SAFETY: as in with_batch.
+    let w = unsafe { wrapper::<_, Qp>(qp) }?;
+    w.rust.as_ref().map(|r| r.caps())
+}
+
+/// Marks the batch failed with `errno` (`wr_complete` reports the first).
+fn fail(qp: *mut ibv_qp_ex, errno: c_int) {
+    with_batch(qp, |_, b| {
+        b.error.get_or_insert(errno);
+    });
+}
+
 /// Starts a new WR of the batch with `opcode`, taking `wr_id` and
-/// `wr_flags` from the QP as the API does.
+/// `wr_flags` from the QP as the API does. A batch holds at most the send
+/// queue's `max_send_wr` WRs: past that, ENOMEM (as mlx5 once its queue is
+/// full), and the batch grows no further.
 fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode) {
+    let max_wr = caps_of(qp).map_or(0, |c| c.max_send_wr as usize);
     with_batch(qp, |q, b| {
         if !b.open {
             b.error.get_or_insert(libc::EINVAL);
+            return;
+        }
+        if b.wrs.len() >= max_wr {
+            b.error.get_or_insert(libc::ENOMEM);
             return;
         }
         let mut flags = SendFlags::empty();
@@ -286,37 +307,71 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
 
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
     guard((), || {
-        let Ok(n) = c_int::try_from(num_sge) else {
-            return current(qp, |w| w.sges.clear());
+        let max = caps_of(qp).map_or(0, |c| c.max_send_sge);
+        // More than max_send_sge entries (or a NULL list with some): EINVAL
+        // at wr_complete, the array unread.
+        let list = c_int::try_from(num_sge)
+            .ok()
+            // SAFETY: the caller passes num_sge entries; sges reads them
+            // only when there are no more than max.
+            .and_then(|n| unsafe { sges(sg_list, n, max) });
+        let Some(list) = list else {
+            return fail(qp, libc::EINVAL);
         };
-        // SAFETY: the caller passes num_sge entries.
-        let list = unsafe { sges(sg_list, n) };
         current(qp, |w| {
             w.inline = None;
-            w.sges = list.unwrap_or_default();
+            w.sges = list;
         });
     })
 }
 
 /// Copies inline data from the program's memory now, as the API requires
-/// (the buffers may be reused as soon as the call returns).
-unsafe fn copy_inline(bufs: &[ibv_data_buf]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for b in bufs {
+/// (the buffers may be reused as soon as the call returns): the `num_buf`
+/// buffers `bufs` names, once their total is known to fit the QP's
+/// `max_inline_data`. More is EINVAL at `wr_complete` and not a byte of
+/// data is read (nor an entry of `bufs` past the one that overflowed).
+///
+/// # Safety
+/// `bufs` must hold `num_buf` entries naming readable buffers (or be
+/// anything when `num_buf` is 0).
+unsafe fn copy_inline(
+    qp: *mut ibv_qp_ex,
+    bufs: *const ibv_data_buf,
+    num_buf: usize,
+) -> Option<Vec<u8>> {
+    let max = caps_of(qp).map_or(0, |c| c.max_inline_data as usize);
+    let mut total = 0usize;
+    let mut taken = Vec::new();
+    for i in 0..if bufs.is_null() { 0 } else { num_buf } {
+        // SAFETY: per the caller, entry i exists.
+        let b = unsafe { bufs.add(i).read() };
+        total = total.saturating_add(b.length);
+        if total > max {
+            fail(qp, libc::EINVAL);
+            return None;
+        }
+        taken.push(b);
+    }
+    let mut out = Vec::with_capacity(total);
+    for b in taken {
         if b.length > 0 && !b.addr.is_null() {
-            // SAFETY: the program passes readable buffers of these lengths.
+            // SAFETY: the program passes readable buffers of these lengths
+            // (at most max_inline_data bytes in all).
             out.extend_from_slice(unsafe {
                 std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length)
             });
         }
     }
-    out
+    Some(out)
 }
 
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     guard((), || {
+        let buf = ibv_data_buf { addr, length };
         // SAFETY: a readable buffer of `length` bytes.
-        let bytes = unsafe { copy_inline(&[ibv_data_buf { addr, length }]) };
+        let Some(bytes) = (unsafe { copy_inline(qp, &buf, 1) }) else {
+            return;
+        };
         current(qp, |w| {
             w.sges.clear();
             w.inline = Some(bytes);
@@ -330,14 +385,10 @@ unsafe extern "C" fn wr_set_inline_data_list(
     buf_list: *const ibv_data_buf,
 ) {
     guard((), || {
-        let bufs = if num_buf == 0 || buf_list.is_null() {
-            &[][..]
-        } else {
-            // SAFETY: the caller passes num_buf entries.
-            unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
+        // SAFETY: num_buf entries of readable buffers, per the caller.
+        let Some(bytes) = (unsafe { copy_inline(qp, buf_list, num_buf) }) else {
+            return;
         };
-        // SAFETY: readable buffers, per the caller.
-        let bytes = unsafe { copy_inline(bufs) };
         current(qp, |w| {
             w.sges.clear();
             w.inline = Some(bytes);

@@ -165,7 +165,23 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         let Some(rust) = (unsafe { srq_ref(srq) }) else {
             return libc::EINVAL;
         };
+        // Its sizes now (ibv_modify_srq may have resized it): the bounds of
+        // the walk.
+        let attr = match rust.query() {
+            Ok(a) => a,
+            Err(e) => {
+                if !bad_wr.is_null() {
+                    // SAFETY: the caller passes a writable pointer slot.
+                    unsafe { *bad_wr = wr };
+                }
+                return errno_of(&e);
+            }
+        };
         // SAFETY: the caller passes a valid list and a writable bad_wr.
-        unsafe { post_recv_chain(wr, bad_wr, |wrs| rust.post_recv_list(wrs)) }
+        unsafe {
+            post_recv_chain(wr, bad_wr, attr.max_wr, attr.max_sge, |wrs| {
+                rust.post_recv_list(wrs)
+            })
+        }
     })
 }

@@ -82,7 +82,10 @@ struct CSendWr<'a> {
     ud: Option<UdAddress<'a>>,
 }
 
-/// Takes a C send WR apart; the errno when it cannot be posted.
+/// Takes a C send WR apart; the errno when it cannot be posted. What the
+/// WR points at is read only once checked: its SGE array once `num_sge` is
+/// within `max_send_sge`, its inline data once the total is within
+/// `max_inline_data`.
 ///
 /// # Safety
 /// `at` must be a valid C send WR; inline data is read straight from the
@@ -90,8 +93,10 @@ struct CSendWr<'a> {
 unsafe fn c_send_wr<'a>(at: *mut ibv_send_wr, qp: &QueuePair) -> Result<CSendWr<'a>, c_int> {
     // SAFETY: per the caller.
     let w = unsafe { &*at };
-    // SAFETY: sg_list holds num_sge entries.
-    let sges = unsafe { sges(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
+    let caps = qp.caps();
+    // SAFETY: sg_list holds num_sge entries when there are no more than
+    // max_send_sge (sges checks that before reading).
+    let sges = unsafe { sges(w.sg_list, w.num_sge, caps.max_send_sge) }.ok_or(libc::EINVAL)?;
     // SAFETY: a valid WR.
     let (opcode, flags) = unsafe { opcode_and_flags(w) }.ok_or(libc::EINVAL)?;
     let mut inline = SmallVec::new();
@@ -99,7 +104,7 @@ unsafe fn c_send_wr<'a>(at: *mut ibv_send_wr, qp: &QueuePair) -> Result<CSendWr<
         // Checked before anything is read: no copy of an oversized
         // "inline" buffer.
         let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-        if total > u64::from(qp.caps().max_inline_data) {
+        if total > u64::from(caps.max_inline_data) {
             return Err(libc::EINVAL);
         }
         for s in sges.iter().filter(|s| s.length > 0) {
@@ -135,9 +140,19 @@ unsafe fn c_send_wr<'a>(at: *mut ibv_send_wr, qp: &QueuePair) -> Result<CSendWr<
     })
 }
 
+/// How many WRs of a C list are taken for a queue of `max_wr`: no list can
+/// put more on it, so the walk stops there (ENOMEM at the next WR, as mlx5
+/// answers once its queue is full) — a cyclic `next` list ends too. At
+/// least one, so that a queue with no room of its own (a QP's receive queue
+/// when it has an SRQ) refuses the first WR with the engine's reason.
+fn walk_bound(max_wr: u32) -> usize {
+    (max_wr as usize).max(1)
+}
+
 /// Posts the WRs of a C list as one rverbs list — one pass of the engine for
 /// the whole list: 0, or the errno with `*bad_wr` at the WR refused (those
-/// before it are posted, as libibverbs does).
+/// before it are posted, as libibverbs does). The walk stops after as many
+/// WRs as the send queue holds: ENOMEM at the first one past them.
 ///
 /// # Safety
 /// `first` must be a valid list; `bad_wr` writable or NULL.
@@ -153,10 +168,15 @@ pub(crate) unsafe fn post_send_chain(
         }
         errno
     };
+    let bound = walk_bound(qp.caps().max_send_wr);
     let mut taken: SmallVec<[CSendWr<'_>; 4]> = SmallVec::new();
     let mut refused = None;
     let mut at = first;
     while !at.is_null() {
+        if taken.len() == bound {
+            refused = Some((at, libc::ENOMEM));
+            break;
+        }
         // SAFETY: a valid list, per the caller.
         match unsafe { c_send_wr(at, qp) } {
             Ok(c) => taken.push(c),
@@ -196,14 +216,18 @@ pub(crate) unsafe fn post_send_chain(
 }
 
 /// Posts the WRs of a C receive list with `post` (one rverbs list, one
-/// pass of the engine): 0, or the errno with `*bad_wr` at the WR refused
-/// (those before it are posted).
+/// pass of the engine) on a queue of `max_wr` WRs of `max_sge` SGEs: 0, or
+/// the errno with `*bad_wr` at the WR refused (those before it are posted).
+/// A WR with more than `max_sge` SGEs is EINVAL before its array is read;
+/// the walk stops after `max_wr` WRs, ENOMEM at the first past them.
 ///
 /// # Safety
 /// `first` must be a valid list; `bad_wr` writable or NULL.
 pub(crate) unsafe fn post_recv_chain(
     first: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+    max_wr: u32,
+    max_sge: u32,
     post: impl FnOnce(&[RecvWr<'_>]) -> rverbs::Result<()>,
 ) -> c_int {
     let fail = |at: *mut ibv_recv_wr, errno: c_int| {
@@ -213,17 +237,23 @@ pub(crate) unsafe fn post_recv_chain(
         }
         errno
     };
+    let bound = walk_bound(max_wr);
     let mut taken: SmallVec<[(*mut ibv_recv_wr, u64, SgeVec); 4]> = SmallVec::new();
     let mut refused = None;
     let mut at = first;
     while !at.is_null() {
+        if taken.len() == bound {
+            refused = Some((at, libc::ENOMEM));
+            break;
+        }
         // SAFETY: per the caller.
         let w = unsafe { &*at };
-        // SAFETY: sg_list holds num_sge entries.
-        match unsafe { sges(w.sg_list, w.num_sge) } {
+        // SAFETY: sg_list holds num_sge entries when there are no more than
+        // max_sge (sges checks that before reading).
+        match unsafe { sges(w.sg_list, w.num_sge, max_sge) } {
             Some(list) => taken.push((at, w.wr_id, list)),
             None => {
-                refused = Some(at);
+                refused = Some((at, libc::EINVAL));
                 break;
             }
         }
@@ -241,7 +271,7 @@ pub(crate) unsafe fn post_recv_chain(
         return fail(at, errno_of(&e));
     }
     match refused {
-        Some(at) => fail(at, libc::EINVAL),
+        Some((at, errno)) => fail(at, errno),
         None => 0,
     }
 }

@@ -98,3 +98,15 @@ fn disassociation_and_rdmav_allow_disassoc_destroy() {
 fn libc_eio() -> i32 {
     5
 }
+
+/// Issue 14.9: a WR's inputs are checked before they are read — num_sge
+/// above the queue's max_sge (the SGE array ends at a guard page), inline
+/// data above max_inline_data (the data ends at a guard page) — and a WR
+/// list longer than the queue's room, even a cyclic one, stops with ENOMEM
+/// at the first WR past it (under alarm(10) and a 1 GiB RLIMIT_AS).
+#[test]
+fn wr_inputs_are_checked_before_they_are_read_and_lists_are_bounded() {
+    if let Some((ok, text)) = run_c("wr_inputs", include_str!("c/wr_inputs.c"), &[]) {
+        assert!(ok, "{text}");
+    }
+}
