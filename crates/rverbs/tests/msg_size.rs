@@ -13,11 +13,10 @@
 
 use std::time::Duration;
 
-use rverbs::cm::{ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, AddressHandle, AhAttr, CompletionQueue, Context, Error, ErrorDetail,
-    ErrorKind, MemoryRegion, Mtu, ProtectionDomain, QpCaps, QpState, QpType, QueuePair, RecvWr,
-    SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    devices, AccessFlags, AddressHandle, AhAttr, CompletionQueue, Error, ErrorDetail, ErrorKind,
+    MemoryRegion, Mtu, QpCaps, QpState, QpType, RecvWr, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 
 mod common;
@@ -32,52 +31,24 @@ const MR_LEN: usize = 1 << 16;
 /// IBTA's maximum message size.
 const MAX_MSG: u64 = 1 << 31;
 
-struct Side {
-    _ctx: Context,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
+type Side = common::PairSide;
 
+const CAPS: QpCaps = QpCaps {
+    max_send_wr: 64,
+    max_recv_wr: 64,
+    max_send_sge: 4,
+    max_recv_sge: 2,
+    max_inline_data: 64,
+};
+
+/// A QP of type `ty` in its own context on `rverbs0`.
 fn side(ty: QpType) -> Side {
-    let ctx = devices().unwrap()[0].open().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).unwrap();
-    let qp = pd
-        .qp_builder(&cq, &cq)
-        .qp_type(ty)
-        .caps(QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            max_send_sge: 4,
-            max_recv_sge: 2,
-            max_inline_data: 64,
-        })
-        .build()
-        .unwrap();
-    let mr = pd.alloc_mr(MR_LEN, ALL).unwrap();
-    Side {
-        _ctx: ctx,
-        pd,
-        cq,
-        qp,
-        mr,
-    }
+    common::pair_side(ty, CAPS, MR_LEN, ALL)
 }
 
 /// Two connected QPs of type `ty` (RC or UC), each in its own context.
 fn pair(ty: QpType) -> (Side, Side) {
-    let (a, b) = (side(ty), side(ty));
-    let opts = ConnectOptions {
-        timeout: 10,
-        ..ConnectOptions::default()
-    };
-    let ea = Endpoint::for_qp(&a.qp);
-    let eb = Endpoint::for_qp(&b.qp);
-    a.qp.connect(ea.psn, &eb, &opts).unwrap();
-    b.qp.connect(eb.psn, &ea, &opts).unwrap();
-    (a, b)
+    common::connected_pair(ty, CAPS, MR_LEN, ALL)
 }
 
 /// SGEs over the start of `mr` whose lengths add up to `total` (at most

@@ -8,10 +8,9 @@
 
 use std::time::Duration;
 
-use rverbs::cm::{ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, AsyncEventType, CompletionQueue, Context, MemoryRegion, QpCaps, QpState,
-    QpType, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    AccessFlags, AsyncEventType, CompletionQueue, Context, MemoryRegion, QpCaps, QpState, QpType,
+    RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 mod common;
@@ -30,52 +29,18 @@ fn bogus_rkey(mr: &MemoryRegion) -> u32 {
     mr.rkey() ^ 0x5a5a_0000
 }
 
-struct Side {
-    ctx: Context,
-    _pd: rverbs::ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
-
-fn side(ty: QpType) -> Side {
-    let ctx = devices().unwrap()[0].open().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).unwrap();
-    let qp = pd
-        .qp_builder(&cq, &cq)
-        .qp_type(ty)
-        .caps(QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            max_send_sge: 2,
-            max_recv_sge: 2,
-            max_inline_data: 64,
-        })
-        .build()
-        .unwrap();
-    let mr = pd.alloc_mr(MR_LEN, ALL).unwrap();
-    Side {
-        ctx,
-        _pd: pd,
-        cq,
-        qp,
-        mr,
-    }
-}
+type Side = common::PairSide;
 
 /// Two connected QPs of type `ty`, each in its own context on `rverbs0`.
 fn pair(ty: QpType) -> (Side, Side) {
-    let (a, b) = (side(ty), side(ty));
-    let opts = ConnectOptions {
-        timeout: 10,
-        ..ConnectOptions::default()
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
     };
-    let ea = Endpoint::for_qp(&a.qp);
-    let eb = Endpoint::for_qp(&b.qp);
-    a.qp.connect(ea.psn, &eb, &opts).unwrap();
-    b.qp.connect(eb.psn, &ea, &opts).unwrap();
-    (a, b)
+    common::connected_pair(ty, caps, MR_LEN, ALL)
 }
 
 /// (wr_id, status, opcode, byte_len) of each completion.

@@ -171,3 +171,61 @@ pub fn wait_event(ctx: &Context, ty: AsyncEventType, what: &str) -> AsyncEvent {
         }
     }
 }
+
+/// One side of a connected pair: its own context on the first device, a
+/// PD, one CQ for sends and receives, a QP and an MR.
+pub struct PairSide {
+    pub ctx: Context,
+    pub pd: rverbs::ProtectionDomain,
+    pub cq: CompletionQueue,
+    pub qp: rverbs::QueuePair,
+    pub mr: MemoryRegion,
+}
+
+/// A QP of type `ty` with `caps` in its own context on the first device,
+/// with an MR of `mr_len` bytes and `access`.
+pub fn pair_side(
+    ty: rverbs::QpType,
+    caps: rverbs::QpCaps,
+    mr_len: usize,
+    access: rverbs::AccessFlags,
+) -> PairSide {
+    let ctx = rverbs::devices().unwrap()[0].open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .qp_type(ty)
+        .caps(caps)
+        .build()
+        .unwrap();
+    let mr = pd.alloc_mr(mr_len, access).unwrap();
+    PairSide {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+/// Two [`pair_side`]s of type `ty` (RC or UC), connected to each other
+/// (timeout 10).
+pub fn connected_pair(
+    ty: rverbs::QpType,
+    caps: rverbs::QpCaps,
+    mr_len: usize,
+    access: rverbs::AccessFlags,
+) -> (PairSide, PairSide) {
+    let a = pair_side(ty, caps, mr_len, access);
+    let b = pair_side(ty, caps, mr_len, access);
+    let opts = rverbs::cm::ConnectOptions {
+        timeout: 10,
+        ..rverbs::cm::ConnectOptions::default()
+    };
+    let ea = rverbs::cm::Endpoint::for_qp(&a.qp);
+    let eb = rverbs::cm::Endpoint::for_qp(&b.qp);
+    a.qp.connect(ea.psn, &eb, &opts).unwrap();
+    b.qp.connect(eb.psn, &ea, &opts).unwrap();
+    (a, b)
+}
