@@ -595,7 +595,7 @@ fn fresh_key(taken: &KeyMap<Arc<MrCore>>) -> u32 {
     }
 }
 
-fn random_u32() -> u32 {
+pub(crate) fn random_u32() -> u32 {
     match getrandom::u32() {
         Ok(v) => v,
         Err(e) => {

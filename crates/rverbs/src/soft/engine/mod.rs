@@ -8,6 +8,7 @@
 //! - `thread`: the engine thread;
 //! - `park`: how a poller that finds nothing waits (spin while it pays,
 //!   then sleep on the socket and a completion bell);
+//! - `qpn`: where QP numbers come from (unpredictable, unique);
 //! - `multicast`: UD multicast groups;
 //! - `stats`: the counters.
 //!
@@ -41,6 +42,7 @@
 
 mod multicast;
 mod park;
+mod qpn;
 mod rx;
 mod slot;
 mod stats;
@@ -70,6 +72,7 @@ use crate::wr::QpState;
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 pub(crate) use park::PollerWait;
+use qpn::QpnSequence;
 use rx::Received;
 pub(crate) use slot::{
     CqFull, QpChange, QpEvents, RecvRefusal, SendRefusal, SendRequest, TransportConfig,
@@ -125,7 +128,8 @@ struct State {
     groups: Vec<McastGroup>,
     local: SocketAddr,
     qps: KeyMap<QpSlot>,
-    next_qpn: u32,
+    /// Where new QP numbers come from.
+    qpns: QpnSequence,
     /// QPs that may owe packets or events.
     dirty: Vec<u32>,
     /// Every QP's next timer (or an earlier time), earliest first: finding
@@ -239,14 +243,13 @@ impl Engine {
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        let start = (getrandom::u32().unwrap_or(0x5a5a) & 0x00ff_ffff).max(2);
         Ok(Engine {
             state: Mutex::new(State {
                 socket: Some(socket),
                 groups: Vec::new(),
                 local,
                 qps: KeyMap::default(),
-                next_qpn: start,
+                qpns: QpnSequence::new(),
                 dirty: Vec::new(),
                 timers: BTreeSet::new(),
                 held_acks: Vec::new(),
@@ -316,8 +319,9 @@ impl Engine {
     }
 
     /// Puts a QP on the wire (in RESET) under a fresh QP number: 24 bits,
-    /// never 0 or 1, unique on the device, not reused until the counter
-    /// wraps. `make` builds the QP's object from its number; its
+    /// never 0, 1 or 0xFFFFFF, unique on the device, not reused until the
+    /// 24-bit counter behind it wraps, and unpredictable from the numbers
+    /// handed out before (see `qpn.rs`). `make` builds the QP's object from its number; its
     /// completions and events go there. `caps` bounds its queues.
     pub(crate) fn add_qp<Q: QpEvents + 'static>(
         &self,
@@ -326,8 +330,7 @@ impl Engine {
     ) -> Arc<Q> {
         let mut st = self.lock();
         let qpn = loop {
-            let n = st.next_qpn;
-            st.next_qpn = (n + 1) & 0x00ff_ffff;
+            let n = st.qpns.next();
             // 0 and 1 are special QPs, 0xFFFFFF the multicast QPN.
             if n >= 2 && n != MULTICAST_QPN && !st.qps.contains_key(&n) {
                 break n;
@@ -655,4 +658,92 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
 /// The UDP endpoint of a RoCEv2 peer with this GID.
 pub(crate) fn peer_endpoint(ip: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, ROCE_V2_PORT)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::event::AsyncEventType;
+    use crate::soft::engine::slot::CqFull;
+    use crate::wc::WorkCompletion;
+
+    struct NoEvents;
+
+    impl QpEvents for NoEvents {
+        fn send_completion(&self, _: WorkCompletion) -> Result<(), CqFull> {
+            Ok(())
+        }
+        fn recv_completion(&self, _: WorkCompletion, _: bool) -> Result<(), CqFull> {
+            Ok(())
+        }
+        fn qp_event(&self, _: AsyncEventType) {}
+        fn srq_limit_reached(&self) {}
+    }
+
+    fn engine() -> Engine {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let limits = EngineLimits {
+            max_mcast_grp: 0,
+            max_mcast_qp_attach: 0,
+        };
+        Engine::new(socket, 0, Arc::new(MrTable::new(16)), limits).unwrap()
+    }
+
+    fn new_qpn(e: &Engine) -> u32 {
+        let mut qpn = 0;
+        e.add_qp(QpCaps::default(), |n| {
+            qpn = n;
+            Arc::new(NoEvents)
+        });
+        qpn
+    }
+
+    fn valid(qpn: u32) -> bool {
+        (2..=0x00ff_ffff).contains(&qpn) && qpn != MULTICAST_QPN
+    }
+
+    /// One known QP number says nothing of the next: neighbours have no
+    /// fixed difference, and all are valid and distinct.
+    #[test]
+    fn qp_numbers_are_unpredictable() {
+        let e = engine();
+        let qpns: Vec<u32> = (0..64).map(|_| new_qpn(&e)).collect();
+        assert!(qpns.iter().all(|&q| valid(q)), "{qpns:x?}");
+        let unique: HashSet<u32> = qpns.iter().copied().collect();
+        assert_eq!(unique.len(), qpns.len(), "{qpns:x?}");
+        let diffs: HashSet<u32> = qpns
+            .windows(2)
+            .map(|w| w[1].wrapping_sub(w[0]) & 0x00ff_ffff)
+            .collect();
+        assert!(diffs.len() >= 48, "{} distinct differences", diffs.len());
+        // Nor does a difference of two neighbours tell the next one's.
+        let second: HashSet<u32> = qpns
+            .windows(3)
+            .map(|w| {
+                w[2].wrapping_sub(w[1])
+                    .wrapping_sub(w[1].wrapping_sub(w[0]))
+                    & 0x00ff_ffff
+            })
+            .collect();
+        assert!(
+            second.len() >= 48,
+            "{} distinct second differences",
+            second.len()
+        );
+    }
+
+    /// A destroyed QP's number is not handed out again soon.
+    #[test]
+    fn qp_numbers_are_not_reused() {
+        let e = engine();
+        let mut seen = HashSet::new();
+        for _ in 0..1000 {
+            let qpn = new_qpn(&e);
+            assert!(valid(qpn), "{qpn:#x}");
+            assert!(seen.insert(qpn), "{qpn:#x} reused");
+            e.remove_qp(qpn);
+        }
+    }
 }

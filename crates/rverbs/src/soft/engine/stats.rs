@@ -90,8 +90,13 @@ counters_struct! {
         /// operational error).
         pub fatal_naks_sent: u64,
         /// UC packets dropped (the rest of a message after a gap, or a message
-        /// refused: no receive WR, bad rkey, too long).
+        /// refused: no receive WR, too long; and the rest of a message refused
+        /// for access).
         pub uc_dropped: u64,
+        /// UC messages refused for a remote access error (bad rkey, bounds,
+        /// rights, PD), dropped: UC sends no NAK, so a peer sweeping rkeys
+        /// shows here.
+        pub uc_access_refused: u64,
         /// RC responses (ACKs, NAKs, READ responses, atomic ACKs) dropped for
         /// naming a PSN their QP never sent: posted work still held back (by
         /// the congestion window, a READ/atomic credit, a fence) or beyond.
@@ -117,6 +122,7 @@ impl NetStats {
             window_cuts,
             fatal_naks_sent,
             uc_dropped,
+            uc_access_refused,
             acks_for_unsent,
         } = *c;
         self.retransmitted += retransmitted;
@@ -129,6 +135,7 @@ impl NetStats {
         self.window_cuts += window_cuts;
         self.fatal_naks_sent += fatal_naks_sent;
         self.uc_dropped += uc_dropped;
+        self.uc_access_refused += uc_access_refused;
         self.acks_for_unsent += acks_for_unsent;
     }
 

@@ -17,7 +17,7 @@ use super::rc::{AckPolicy, RcConfig, RcQp};
 use super::recv::SharedRq;
 use smallvec::smallvec;
 
-use super::{InlineData, Memory, QpEvent, RecvWqe, SendWqe, TxBuffer, WqeData};
+use super::{InlineData, Memory, QpEvent, RecvWqe, RxDrop, SendWqe, TxBuffer, WqeData};
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
 use crate::soft::memory::{MrCore, MrState, MrTable, Region};
@@ -1893,6 +1893,82 @@ fn uc_never_splices_or_repeats_messages_whatever_packets_arrive() {
             );
         }
     }
+}
+
+/// RC and UC check the BTH's P_Key on receive: a packet of another
+/// partition is dropped as `RxDrop::PKey` (the engine counts it as
+/// `rx_bad_pkey`) before anything reads it; the same packet with the right
+/// P_Key gets through.
+#[test]
+fn rc_and_uc_drop_a_packet_of_another_partition() {
+    for uc in [false, true] {
+        let mut sim = if uc {
+            Sim::uc(4, LinkFaults::CLEAN)
+        } else {
+            Sim::new(4, LinkFaults::CLEAN)
+        };
+        let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+        sim.sides[1].qp.post_recv(recv_wqe(1, b_key, b_base, 4096));
+        sim.sides[0]
+            .qp
+            .post_send(inline_wqe(1, WrOpcode::Send, b"partition"));
+        let pkts = sim.take_packets(0);
+        assert_eq!(pkts.len(), 1, "uc {uc}");
+        let mut forged = pkts[0].clone();
+        forged[2..4].copy_from_slice(&0x1234u16.to_be_bytes());
+        let p = PacketRepr::parse(&forged).unwrap();
+        let side = &mut sim.sides[1];
+        assert_eq!(
+            side.qp.handle_packet(&p, sim.now, &side.mem),
+            Err(RxDrop::PKey),
+            "uc {uc}"
+        );
+        sim.drain_events();
+        assert!(sim.sides[1].recvs.is_empty(), "uc {uc}: delivered");
+        let p = PacketRepr::parse(&pkts[0]).unwrap();
+        let side = &mut sim.sides[1];
+        assert_eq!(side.qp.handle_packet(&p, sim.now, &side.mem), Ok(()));
+        sim.drain_events();
+        assert_eq!(sim.sides[1].recvs.len(), 1, "uc {uc}");
+    }
+}
+
+/// A peer sweeping rkeys over UC gets no NAK, but the device counts every
+/// refusal under its own reason (`uc_access_refused`), apart from the
+/// other UC drops (`uc_dropped`).
+#[test]
+fn uc_access_refusals_are_counted_apart() {
+    let mut sim = Sim::uc(3, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    const SWEEP: u32 = 16;
+    for i in 0..SWEEP {
+        let op = WrOpcode::RdmaWrite {
+            remote_addr: b_base,
+            rkey: b_key ^ ((i + 1) << 8),
+        };
+        sim.sides[0]
+            .qp
+            .post_send(send_wqe(u64::from(i), op, a_key, a_base, 100));
+    }
+    // And one past the end of B's MR.
+    let op = WrOpcode::RdmaWrite {
+        remote_addr: b_base + 4096 - 50,
+        rkey: b_key,
+    };
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(99, op, a_key, a_base, 100));
+    sim.run(Duration::from_secs(5));
+    assert_eq!(sim.sides[0].sends.len(), SWEEP as usize + 1);
+    let c = &sim.sides[1].qp.counters;
+    assert_eq!(c.uc_access_refused, u64::from(SWEEP) + 1);
+    assert_eq!(c.uc_dropped, 0, "no other reason");
+    assert_eq!(sim.sides[1].qp.state(), QpState::Rts);
+    assert!(
+        sim.tx_opcodes[1].is_empty(),
+        "the UC responder sent packets"
+    );
 }
 
 #[test]

@@ -129,8 +129,14 @@ pub(crate) struct RcCounters {
     /// operational error.
     pub(crate) fatal_naks_sent: u64,
     /// UC packets dropped: the rest of a message after a gap, or a message
-    /// refused (no receive WR, bad rkey, too long).
+    /// refused for no receive WR or as an invalid request (too long, bad
+    /// opcode sequence) — and the packets after the first of a message
+    /// refused for access.
     pub(crate) uc_dropped: u64,
+    /// UC messages refused for a remote access error (bad rkey, bounds,
+    /// rights, PD): one per message, counted at its refused packet. UC sends
+    /// no NAK, so this is how an rkey sweep shows.
+    pub(crate) uc_access_refused: u64,
     /// ACKs, NAKs, READ responses and atomic ACKs dropped for naming a PSN
     /// this requester never sent (posted work not yet on the wire, or
     /// beyond): forged, or from a confused peer.
@@ -150,6 +156,7 @@ impl RcCounters {
         self.window_cuts += other.window_cuts;
         self.fatal_naks_sent += other.fatal_naks_sent;
         self.uc_dropped += other.uc_dropped;
+        self.uc_access_refused += other.uc_access_refused;
         self.acks_for_unsent += other.acks_for_unsent;
     }
 }

@@ -732,7 +732,11 @@ impl RcQp {
     /// Refuses the request at `psn`: NAK, async event, and the QP goes to ERR.
     fn refuse(&mut self, psn: Psn, refusal: Refusal) {
         if self.cfg.transport == Transport::Uc {
-            self.counters.uc_dropped += 1;
+            if matches!(refusal, Refusal::Access) {
+                self.counters.uc_access_refused += 1;
+            } else {
+                self.counters.uc_dropped += 1;
+            }
             return self.uc_drop_message();
         }
         self.counters.fatal_naks_sent += 1;
