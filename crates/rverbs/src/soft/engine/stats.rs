@@ -102,6 +102,11 @@ counters_struct! {
         /// the congestion window, a READ/atomic credit, a fence) or beyond.
         /// No genuine peer sends them; they are forged, or from a confused peer.
         pub acks_for_unsent: u64,
+        /// RC request packets dropped for arriving ahead of the expected PSN
+        /// (a packet before them was lost): the first of a gap is answered
+        /// with one sequence NAK (`seq_naks_sent`), and it and the rest are
+        /// dropped until the missing PSN comes.
+        pub out_of_sequence: u64,
         /// UD packets dropped for a Q_Key that did not match the QP's.
         pub qkey_violations: u64,
         /// UD packets dropped because their QP had no receive WR posted.
@@ -124,6 +129,7 @@ impl NetStats {
             uc_dropped,
             uc_access_refused,
             acks_for_unsent,
+            out_of_sequence,
         } = *c;
         self.retransmitted += retransmitted;
         self.timeouts += timeouts;
@@ -137,6 +143,7 @@ impl NetStats {
         self.uc_dropped += uc_dropped;
         self.uc_access_refused += uc_access_refused;
         self.acks_for_unsent += acks_for_unsent;
+        self.out_of_sequence += out_of_sequence;
     }
 
     /// Counts a packet a QP's transport dropped unread.

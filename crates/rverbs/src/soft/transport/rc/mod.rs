@@ -141,6 +141,10 @@ pub(crate) struct RcCounters {
     /// this requester never sent (posted work not yet on the wire, or
     /// beyond): forged, or from a confused peer.
     pub(crate) acks_for_unsent: u64,
+    /// RC request packets dropped for arriving ahead of the expected PSN
+    /// (after a loss): the first of a gap is answered with one sequence
+    /// NAK, it and the rest are dropped until the missing PSN comes.
+    pub(crate) out_of_sequence: u64,
 }
 
 impl RcCounters {
@@ -158,6 +162,7 @@ impl RcCounters {
         self.uc_dropped += other.uc_dropped;
         self.uc_access_refused += other.uc_access_refused;
         self.acks_for_unsent += other.acks_for_unsent;
+        self.out_of_sequence += other.out_of_sequence;
     }
 }
 

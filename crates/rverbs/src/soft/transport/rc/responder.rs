@@ -330,6 +330,7 @@ impl RcQp {
             std::cmp::Ordering::Less => return self.duplicate(pkt, mem),
             std::cmp::Ordering::Greater => {
                 // A gap: one NAK per gap, then drop until the missing PSN comes.
+                self.counters.out_of_sequence += 1;
                 if !self.resp.nak_seq_sent {
                     self.resp.nak_seq_sent = true;
                     self.counters.seq_naks_sent += 1;
