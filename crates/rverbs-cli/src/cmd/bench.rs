@@ -1585,15 +1585,42 @@ fn summarize(
                 },
             })
             .collect();
+        // The row's figures over every pair, and each pair's over itself.
+        let figures: fn(&[&PairRow], bool, &mut Figures) = if head.latency {
+            latency_figures
+        } else {
+            bandwidth_figures
+        };
+        figures(&of, baseline, &mut row.figures);
+        for (fig, p) in per_pair.iter_mut().zip(&of) {
+            figures(&[*p], baseline, &mut fig.figures);
+        }
+        let pair_figures = per_pair.iter().map(|f| &f.figures);
+        row.worst_pair = if head.latency {
+            pair_figures
+                .filter_map(|f| f.median_us)
+                .max_by(f64::total_cmp)
+        } else {
+            pair_figures
+                .filter_map(|f| f.gb_per_s)
+                .min_by(f64::total_cmp)
+        };
         let (cpu_units, base_units) = if head.latency {
-            latency_figures(&of, args, &mut row, &mut per_pair);
+            row.baseline = baseline.then(|| {
+                if args.event || args.udp_blocking {
+                    "udp blocking"
+                } else {
+                    "udp ping-pong"
+                }
+                .into()
+            });
             // Per million messages: each round trip is a ping and a reply.
             (
                 2.0 * messages as f64 / 1e6,
                 2.0 * base_messages as f64 / 1e6,
             )
         } else {
-            bandwidth_figures(&of, args, &mut row, &mut per_pair);
+            row.baseline = baseline.then(|| "tcp stream".into());
             let bytes = |side: fn(&Round) -> Option<&Side>| {
                 of.iter()
                     .flat_map(|p| &p.rounds)
@@ -1624,31 +1651,22 @@ fn summarize(
     Ok(rows)
 }
 
-/// The latency figures of a row — every pair's samples pooled — and of
-/// each pair.
-fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &mut [PairFigures]) {
-    let baseline = !args.no_baseline;
+/// The latency figures of `of` — every pair of a row, or one pair — into
+/// `fig`: percentiles over all their samples, and the median of the rounds'
+/// ratios, each over all their samples of that round.
+fn latency_figures(of: &[&PairRow], baseline: bool, fig: &mut Figures) {
     let rounds = of[0].rounds.len();
     let all = pooled(of.iter().flat_map(|p| (0..rounds).map(|k| ours(p, k))));
-    row.figures.median_us = Some(percentile(&all, 0.5));
-    row.figures.p99_us = Some(percentile(&all, 0.99));
+    fig.median_us = Some(percentile(&all, 0.5));
+    fig.p99_us = Some(percentile(&all, 0.99));
     if baseline {
         let udp = pooled(
             of.iter()
                 .flat_map(|p| (0..rounds).filter_map(|k| base(p, k))),
         );
-        row.baseline = Some(
-            if args.event || args.udp_blocking {
-                "udp blocking"
-            } else {
-                "udp ping-pong"
-            }
-            .into(),
-        );
-        row.figures.baseline_value = Some(percentile(&udp, 0.5));
-        row.figures.baseline_p99_us = Some(percentile(&udp, 0.99));
-        // Each round's ratio, over every pair's samples of it.
-        row.figures.ratio = median(
+        fig.baseline_value = Some(percentile(&udp, 0.5));
+        fig.baseline_p99_us = Some(percentile(&udp, 0.99));
+        fig.ratio = median(
             (0..rounds)
                 .map(|k| {
                     let o = pooled(of.iter().map(|p| ours(p, k)));
@@ -1658,44 +1676,12 @@ fn latency_figures(of: &[&PairRow], args: &BenchArgs, row: &mut Row, per_pair: &
                 .collect(),
         );
     }
-    for (fig, p) in per_pair.iter_mut().zip(of) {
-        let mine = pooled((0..rounds).map(|k| ours(p, k)));
-        fig.figures.median_us = Some(percentile(&mine, 0.5));
-        fig.figures.p99_us = Some(percentile(&mine, 0.99));
-        if baseline {
-            let udp = pooled((0..rounds).filter_map(|k| base(p, k)));
-            fig.figures.baseline_value = Some(percentile(&udp, 0.5));
-            fig.figures.baseline_p99_us = Some(percentile(&udp, 0.99));
-            fig.figures.ratio = median(
-                (0..rounds)
-                    .filter_map(|k| {
-                        let b = base(p, k)?;
-                        Some(
-                            percentile(&ours(p, k).samples_ns, 0.5)
-                                / percentile(&b.samples_ns, 0.5),
-                        )
-                    })
-                    .collect(),
-            );
-        }
-    }
-    row.worst_pair = per_pair
-        .iter()
-        .filter_map(|f| f.figures.median_us)
-        .max_by(f64::total_cmp);
 }
 
-/// The bandwidth figures of a row — summed over the pairs — and of each
-/// pair.
-fn bandwidth_figures(
-    of: &[&PairRow],
-    args: &BenchArgs,
-    row: &mut Row,
-    per_pair: &mut [PairFigures],
-) {
-    let baseline = !args.no_baseline;
+/// The bandwidth figures of `of` — every pair of a row, or one pair — into
+/// `fig`: each round's figures summed over `of`, and their medians.
+fn bandwidth_figures(of: &[&PairRow], baseline: bool, fig: &mut Figures) {
     let rounds = of[0].rounds.len();
-    // Each round's figures summed over the pairs.
     let sum = |k: usize, f: fn(&Side) -> f64, side: fn(&Round) -> Option<&Side>| {
         of.iter()
             .filter_map(|p| side(&p.rounds[k]))
@@ -1704,52 +1690,14 @@ fn bandwidth_figures(
     };
     let ours_side: fn(&Round) -> Option<&Side> = |r| Some(&r.ours);
     let base_side: fn(&Round) -> Option<&Side> = |r| r.baseline.as_ref();
-    row.figures.gb_per_s = median(
-        (0..rounds)
-            .map(|k| sum(k, Side::gb_per_s, ours_side))
-            .collect(),
-    );
-    row.figures.mmsg_per_s = median(
-        (0..rounds)
-            .map(|k| sum(k, Side::mmsg_per_s, ours_side))
-            .collect(),
-    );
+    let over_rounds = |f: &dyn Fn(usize) -> f64| median((0..rounds).map(f).collect());
+    fig.gb_per_s = over_rounds(&|k| sum(k, Side::gb_per_s, ours_side));
+    fig.mmsg_per_s = over_rounds(&|k| sum(k, Side::mmsg_per_s, ours_side));
     if baseline {
-        row.baseline = Some("tcp stream".into());
-        row.figures.baseline_value = median(
-            (0..rounds)
-                .map(|k| sum(k, Side::gb_per_s, base_side))
-                .collect(),
-        );
-        row.figures.ratio = median(
-            (0..rounds)
-                .map(|k| sum(k, Side::gb_per_s, ours_side) / sum(k, Side::gb_per_s, base_side))
-                .collect(),
-        );
+        fig.baseline_value = over_rounds(&|k| sum(k, Side::gb_per_s, base_side));
+        fig.ratio =
+            over_rounds(&|k| sum(k, Side::gb_per_s, ours_side) / sum(k, Side::gb_per_s, base_side));
     }
-    for (fig, p) in per_pair.iter_mut().zip(of) {
-        fig.figures.gb_per_s = median(p.rounds.iter().map(|r| r.ours.gb_per_s()).collect());
-        fig.figures.mmsg_per_s = median(p.rounds.iter().map(|r| r.ours.mmsg_per_s()).collect());
-        if baseline {
-            fig.figures.baseline_value = median(
-                p.rounds
-                    .iter()
-                    .filter_map(|r| r.baseline.as_ref())
-                    .map(Side::gb_per_s)
-                    .collect(),
-            );
-            fig.figures.ratio = median(
-                p.rounds
-                    .iter()
-                    .filter_map(|r| Some(r.ours.gb_per_s() / r.baseline.as_ref()?.gb_per_s()))
-                    .collect(),
-            );
-        }
-    }
-    row.worst_pair = per_pair
-        .iter()
-        .filter_map(|f| f.figures.gb_per_s)
-        .min_by(f64::total_cmp);
 }
 
 // ---- the command ----------------------------------------------------------

@@ -121,8 +121,9 @@ impl CompletionQueue {
         let engine = &core.ctx.device.engine;
         let (n, armed) = core.poll_and_arm_state(wc);
         if n > 0 || wc.is_empty() {
-            if n > 0 {
-                core.wait.found(engine.nanos_since_start(Instant::now()));
+            // The clock is read only if a wait ends here.
+            if n > 0 && core.wait.waiting() {
+                core.wait.found(engine.nanos_at(Instant::now()));
             }
             return Ok(n);
         }
@@ -133,13 +134,13 @@ impl CompletionQueue {
         let polling = !armed;
         if polling {
             engine.note_busy_poll(now);
-            let t = engine.nanos_since_start(now);
+            let t = engine.nanos_at(now);
             if engine.may_park() && core.wait.empty(t, engine.pushed()) {
                 if engine.park(now, || core.len() > 0) {
                     core.wait.parking();
                 }
                 now = Instant::now();
-                core.wait.woke(engine.nanos_since_start(now));
+                core.wait.woke(engine.nanos_at(now));
             }
         }
         // Nothing yet: drive the device's progress on this thread if no one
@@ -148,7 +149,7 @@ impl CompletionQueue {
         let n = core.poll(wc);
         if n > 0 {
             // Found by this call's own pass: at the time it began.
-            core.wait.found(engine.nanos_since_start(now));
+            core.wait.found(engine.nanos_at(now));
         }
         Ok(n)
     }

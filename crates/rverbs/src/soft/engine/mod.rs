@@ -475,12 +475,6 @@ impl Engine {
         self.nanos_at(now).saturating_sub(last) > thread::WATCHDOG_NANOS
     }
 
-    /// Nanoseconds from the engine's time base to `t`: the clock of a
-    /// [`PollerWait`].
-    pub(crate) fn nanos_since_start(&self, t: Instant) -> u64 {
-        self.nanos_at(t)
-    }
-
     /// Makes progress if no one else is: for a thread that polls an empty
     /// CQ. A `busy` poller (see [`note_busy_poll`](Self::note_busy_poll))
     /// stops receiving at its first completion and holds ACKs back; one
@@ -506,7 +500,9 @@ impl Engine {
         }
     }
 
-    fn nanos_at(&self, t: Instant) -> u64 {
+    /// Nanoseconds from the engine's time base to `t` (also the clock of a
+    /// [`PollerWait`]).
+    pub(crate) fn nanos_at(&self, t: Instant) -> u64 {
         u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 

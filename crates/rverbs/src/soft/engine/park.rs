@@ -180,15 +180,21 @@ pub(crate) struct PollerWait {
 }
 
 impl PollerWait {
-    /// A poll found completions: a streak of empty polls, if there was one,
-    /// ends (and teaches the budget). Cheap when there was none.
+    /// Whether a streak of empty polls is going on (a poll that finds
+    /// completions then ends it: [`found`](Self::found)).
+    pub(crate) fn waiting(&self) -> bool {
+        self.since.load(Ordering::Relaxed) != 0
+    }
+
+    /// A poll at engine time `now` found completions: a streak of empty
+    /// polls, if there was one, ends (and teaches the budget).
     pub(crate) fn found(&self, now: u64) {
-        let now = now + 1;
-        let last = self.last.swap(now, Ordering::Relaxed);
         let since = self.since.load(Ordering::Relaxed);
         if since == 0 {
             return;
         }
+        let now = now + 1;
+        let last = self.last.swap(now, Ordering::Relaxed);
         self.since.store(0, Ordering::Relaxed);
         let end = if self.parked.load(Ordering::Relaxed) || now.saturating_sub(last) > nanos(AWAY) {
             // Slept, or was away when the completion came: preempted (on a
