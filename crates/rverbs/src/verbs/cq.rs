@@ -9,6 +9,7 @@ use crate::error::{Error, Rejected, Result, Verb};
 use crate::soft::context::ContextCore;
 use crate::soft::cq::CqCore;
 use crate::soft::device::DestroyPath;
+use crate::soft::engine::Parked;
 use crate::verbs::channel::CompletionChannel;
 use crate::wc::WorkCompletion;
 
@@ -136,7 +137,7 @@ impl CompletionQueue {
             engine.note_busy_poll(now);
             let t = engine.nanos_at(now);
             if engine.may_park() && core.wait.empty(t, engine.pushed()) {
-                if engine.park(now, || core.len() > 0) {
+                if engine.park(now, || core.len() > 0) != Parked::No {
                     core.wait.parking();
                 }
                 now = Instant::now();

@@ -71,7 +71,8 @@ use crate::wr::QpState;
 
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
-pub(crate) use park::PollerWait;
+use park::Bell;
+pub(crate) use park::{Parked, PollerWait};
 use qpn::QpnSequence;
 use rx::Received;
 pub(crate) use slot::{
@@ -182,15 +183,14 @@ pub(crate) struct Engine {
     /// Bumped whenever the set of multicast sockets changes (the engine
     /// thread then polls the new set).
     groups_changed: AtomicU64,
-    /// Threads parked on the socket and the bell (see `park`).
+    /// Threads parked on the socket (see `park`).
     parked: AtomicU32,
     /// When (nanoseconds after `epoch`) an application thread last polled
     /// an empty CQ.
     last_poll: AtomicU64,
-    /// Wakes parked threads when a completion lands in a CQ.
-    bell: EventFd,
-    /// Completions pushed to the device's CQs, ever (see `park`).
-    pushed: AtomicU64,
+    /// Wakes parked threads when a completion lands in a CQ (the
+    /// process's, see `park`).
+    bell: &'static Bell,
     /// Pollers may park (`RVERBS_POLL_PARK=0` says no: they spin).
     parking: bool,
 }
@@ -278,12 +278,11 @@ impl Engine {
             groups_changed: AtomicU64::new(0),
             parked: AtomicU32::new(0),
             last_poll: AtomicU64::new(0),
-            pushed: AtomicU64::new(0),
             // RVERBS_POLL_PARK=0: a polling thread never sleeps in `poll`,
             // it spins as before issue 13 (for a program that must not
             // block there, at the cost of the core).
             parking: std::env::var("RVERBS_POLL_PARK").map_or(true, |v| v.trim() != "0"),
-            bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
+            bell: Bell::process()?,
         })
     }
 
@@ -390,7 +389,7 @@ impl Engine {
         mark_dirty(&mut st, qpn);
         let now = Instant::now();
         tx::flush(&mut st, &self.mrs, now, acks);
-        self.wake_if_earlier(&st, now);
+        self.wake_if_earlier(&mut st, now);
         Some(r)
     }
 
@@ -487,7 +486,7 @@ impl Engine {
             Err(TryLockError::WouldBlock) => return false,
         };
         progress(&mut st, &self.mrs, driver);
-        self.wake_if_earlier(&st, now);
+        self.wake_if_earlier(&mut st, now);
         true
     }
 
@@ -514,7 +513,7 @@ impl Engine {
     }
 
     /// Wakes the engine thread if a timer now falls before it would wake.
-    fn wake_if_earlier(&self, st: &State, now: Instant) {
+    fn wake_if_earlier(&self, st: &mut State, now: Instant) {
         if st.thread_wakes_at.is_some_and(|t| t <= now)
             || self.thread_off_socket.load(Ordering::SeqCst)
         {
@@ -552,6 +551,8 @@ impl Engine {
         st.socket = None;
         drop(st);
         let _ = self.waker.write(1);
+        // A poller parked on this device's socket looks again.
+        self.bell.wake();
     }
 }
 
@@ -566,11 +567,48 @@ fn mark_dirty(st: &mut State, qpn: u32) {
 
 /// When a pass is due next: now if a QP still owes packets (a flush stopped
 /// at its budget) or received packets wait, else the earliest timer.
-fn next_deadline(st: &State) -> Option<Instant> {
+fn next_deadline(st: &mut State) -> Option<Instant> {
     if !st.dirty.is_empty() || st.rx_left.is_some() {
         return Some(Instant::now());
     }
+    settle_timers(st);
     st.timers.first().map(|&(t, _)| t)
+}
+
+/// Brings the earliest timer entries up to their QPs' real next expiry.
+/// The set may hold a QP's deadline early (a flush does not move an entry
+/// later: every ACK would), which is harmless for a pass — it finds nothing
+/// due — but not for a sleep: a poller parked until an ACK hold that is
+/// long over, or a retransmission timer since re-armed, wakes for nothing,
+/// and a sleep that short costs a timer programming (see `park`).
+fn settle_timers(st: &mut State) {
+    while let Some(&(t, qpn)) = st.timers.first() {
+        let real = st.qps.get(&qpn).and_then(|slot| {
+            slot.rc()
+                .and_then(RcQp::next_timeout)
+                .map(|r| (slot.deadline, r))
+        });
+        match real {
+            // Exact (or, by the invariant, never earlier than the entry).
+            Some((_, r)) if r <= t => return,
+            Some((Some(d), r)) if d == t => {
+                st.timers.remove(&(t, qpn));
+                st.timers.insert((r, qpn));
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    slot.deadline = Some(r);
+                }
+            }
+            _ => {
+                // No timer left, or an entry the slot no longer knows.
+                st.timers.remove(&(t, qpn));
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    if slot.deadline == Some(t) {
+                        slot.deadline = None;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Who drives a progress pass.
@@ -728,6 +766,58 @@ mod tests {
             "{} distinct second differences",
             second.len()
         );
+    }
+
+    /// Timer entries left early by re-armed timers, or by QPs that have
+    /// none any more (or are gone), give way to the real next expiry: a
+    /// poller's sleep is not cut short by them.
+    #[test]
+    fn stale_timer_entries_are_settled() {
+        let e = engine();
+        let qpn = new_qpn(&e);
+        let mut st = e.lock();
+        let t = Instant::now() + Duration::from_micros(20);
+        // The QP (in RESET: no transport timer) still has an entry, and a
+        // QP that is gone left one too.
+        st.timers.insert((t, qpn));
+        st.qps.get_mut(&qpn).unwrap().deadline = Some(t);
+        st.timers
+            .insert((t + Duration::from_micros(5), 0x00ab_cdef));
+        assert_eq!(st.timers.first().map(|&(t, _)| t), Some(t));
+        assert_eq!(next_deadline(&mut st), None);
+        assert!(st.timers.is_empty());
+        assert_eq!(st.qps.get(&qpn).unwrap().deadline, None);
+    }
+
+    /// One bell for the process: a thread parked on one device's socket
+    /// wakes when a completion lands in a CQ of another device.
+    #[test]
+    fn a_completion_on_another_device_ends_a_park() {
+        let a = engine();
+        let b = Arc::new(engine());
+        assert!(std::ptr::eq(a.bell, b.bell));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ringer = {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    if a_parked(&b) {
+                        b.ring();
+                    }
+                    std::thread::yield_now();
+                }
+            })
+        };
+        // Other tests of the process park too: some parks of this one may
+        // end otherwise, but one rung by `b` must come.
+        let rung = (0..200).any(|_| a.park(Instant::now(), || false) == Parked::Rung);
+        stop.store(true, Ordering::SeqCst);
+        ringer.join().unwrap();
+        assert!(rung, "no park on device a ended by device b's completion");
+    }
+
+    fn a_parked(e: &Engine) -> bool {
+        e.bell.parked.load(Ordering::SeqCst) > 0
     }
 
     /// A destroyed QP's number is not handed out again soon.

@@ -154,7 +154,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         }
         let timer = {
             let mut st = engine.lock();
-            let timer = next_deadline(&st);
+            let timer = next_deadline(&mut st);
             st.thread_wakes_at = timer;
             timer
         };
