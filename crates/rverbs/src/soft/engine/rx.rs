@@ -16,7 +16,8 @@ use rverbs_wire::PacketRepr;
 
 use super::slot::Transport;
 use super::{
-    mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER, RX_PASS_TIME,
+    in_flight_cost, mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER,
+    RX_PASS_TIME,
 };
 use crate::soft::memory::MrTable;
 use crate::soft::transport::RxDrop;
@@ -215,6 +216,11 @@ fn handle_datagram(
         Transport::Reset => (Err(RxDrop::NotReceiving), false),
         Transport::Rc(rc) => {
             let handled = rc.handle_packet(&p, now, mem);
+            // An ACK frees room in the device's in-flight budget: counted
+            // now, so the pass's flush can hand it to a QP that waits.
+            let counted = rc.in_flight() as usize * in_flight_cost(rc.mtu());
+            st.in_flight = st.in_flight - slot.in_flight_counted + counted;
+            slot.in_flight_counted = counted;
             (handled, rc.has_events())
         }
         Transport::Ud(ud) => {

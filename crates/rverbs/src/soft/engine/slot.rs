@@ -137,6 +137,11 @@ pub(crate) struct QpSlot {
     pub(super) ack_listed: bool,
     /// In the engine's list of QPs that may owe packets or events.
     pub(super) dirty: bool,
+    /// What this QP adds to the device's bytes in flight (see
+    /// `State::in_flight`), as last counted.
+    pub(super) in_flight_counted: usize,
+    /// In the engine's queue of QPs waiting for room in that budget.
+    pub(super) budget_queued: bool,
 }
 
 impl QpSlot {
@@ -153,6 +158,8 @@ impl QpSlot {
             deadline: None,
             ack_listed: false,
             dirty: false,
+            in_flight_counted: 0,
+            budget_queued: false,
         }
     }
 

@@ -20,7 +20,8 @@ use smallvec::SmallVec;
 
 use super::slot::Transport;
 use super::{
-    peer_endpoint, NetStats, State, FLUSH_BUDGET, MAX_BATCH_BYTES, MAX_BATCH_SEGMENTS, MAX_PACKET,
+    in_flight_cost, peer_endpoint, NetStats, State, FLUSH_BUDGET, MAX_BATCH_BYTES,
+    MAX_BATCH_SEGMENTS, MAX_PACKET,
 };
 use crate::soft::memory::{MrCore, MrTable};
 use crate::soft::sys;
@@ -349,6 +350,9 @@ impl Sender<'_> {
     }
 }
 
+/// The smallest path MTU (IBTA), for the most QPs some free room may serve.
+const MIN_MTU: u32 = 256;
+
 /// Transmits what the dirty QPs owe and delivers their completions and
 /// events. Consecutive packets of one QP with the same size go out as one
 /// UDP GSO send (the last may be shorter), their payloads straight from the
@@ -359,6 +363,19 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
     let mut pkts = std::mem::take(&mut st.tx_pkts);
     let mut dirty = std::mem::take(&mut st.dirty);
     let mut unfinished: SmallVec<[u32; 8]> = SmallVec::new();
+    // QPs held by the device's in-flight budget are served first, in the
+    // order they began to wait, as many as the free room could let send.
+    let mut order = std::mem::take(&mut st.flush_order);
+    order.clear();
+    let free = st.in_flight_limit.saturating_sub(st.in_flight);
+    let served = st
+        .budget_queue
+        .len()
+        .min(free / in_flight_cost(MIN_MTU) + 1);
+    order.extend(st.budget_queue.drain(..served));
+    order.extend_from_slice(&dirty);
+    // Those still without room when their turn comes keep their place.
+    let mut unserved: SmallVec<[u32; 8]> = SmallVec::new();
     let State {
         socket,
         qps,
@@ -367,13 +384,37 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         local,
         timers,
         held_acks,
+        in_flight,
+        in_flight_limit,
+        budget_queue,
         ..
     } = st;
-    for &qpn in &dirty {
+    for (i, &qpn) in order.iter().enumerate() {
         let Some(slot) = qps.get_mut(&qpn) else {
             continue;
         };
         slot.dirty = false;
+        let from_queue = i < served;
+        if from_queue {
+            slot.budget_queued = false;
+        }
+        // Its share of the budget: what the other QPs leave. One that did
+        // not wait gets no more than it has while others wait (it queues
+        // behind them); one whose turn it is, all of it.
+        let mut no_room = false;
+        if let Transport::Rc(rc) = &mut slot.transport {
+            let others = *in_flight - slot.in_flight_counted;
+            let room = in_flight_limit.saturating_sub(others) / in_flight_cost(rc.mtu());
+            let room = u32::try_from(room).unwrap_or(u32::MAX);
+            let own = rc.in_flight();
+            let others_wait = !budget_queue.is_empty() || !unserved.is_empty();
+            no_room = room <= own;
+            rc.set_window_cap(if from_queue || !others_wait {
+                room
+            } else {
+                room.min(own)
+            });
+        }
         // Still more to send after FLUSH_BUDGET packets: a later pass goes
         // on, so one QP's burst (a READ a peer asked for in one piece)
         // never holds the device for long.
@@ -508,6 +549,21 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
             slot.dirty = true;
             unfinished.push(qpn);
         }
+        // Count what it has in flight now; if the budget holds it, it waits
+        // for room (at its old place if it never got any).
+        let counted = slot
+            .rc()
+            .map_or(0, |rc| rc.in_flight() as usize * in_flight_cost(rc.mtu()));
+        *in_flight = *in_flight - slot.in_flight_counted + counted;
+        slot.in_flight_counted = counted;
+        if !slot.budget_queued && slot.rc().is_some_and(RcQp::held_by_window_cap) {
+            slot.budget_queued = true;
+            if from_queue && no_room {
+                unserved.push(qpn);
+            } else {
+                budget_queue.push_back(qpn);
+            }
+        }
         slot.deliver_events();
         if !slot.ack_listed && slot.rc().is_some_and(RcQp::holds_ack) {
             slot.ack_listed = true;
@@ -529,9 +585,25 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
             }
         }
     }
+    for &qpn in unserved.iter().rev() {
+        budget_queue.push_front(qpn);
+    }
+    // Room freed in this pass (by what its QPs had acknowledged) goes to
+    // the QP waiting longest in the next pass, due at once.
+    if let Some(&first) = budget_queue.front() {
+        let room = in_flight_limit.saturating_sub(*in_flight);
+        if let Some(slot) = qps.get_mut(&first) {
+            let cost = slot.rc().map_or(usize::MAX, |rc| in_flight_cost(rc.mtu()));
+            if room >= cost && !slot.dirty {
+                slot.dirty = true;
+                unfinished.push(first);
+            }
+        }
+    }
     st.tx = tx;
     st.tx_refs = refs;
     st.tx_pkts = pkts;
+    st.flush_order = order;
     // Keep the list's capacity: no allocation per pass.
     dirty.clear();
     dirty.extend(unfinished);

@@ -174,6 +174,9 @@ pub(super) struct RequesterState {
     pub(super) read_rewound_at: Option<Psn>,
     /// In SQD: report SQ_DRAINED once the send queue is empty.
     pub(super) notify_drained: bool,
+    /// The most packets the device lets this QP have in flight now (its
+    /// share of the device's in-flight budget, see `RcQp::set_window_cap`).
+    pub(super) window_cap: u32,
 }
 
 impl RequesterState {
@@ -191,6 +194,7 @@ impl RequesterState {
             rnr_until: None,
             read_rewound_at: None,
             notify_drained: false,
+            window_cap: u32::MAX,
         }
     }
 
@@ -319,6 +323,61 @@ impl RcQp {
         }
     }
 
+    // ---- the device's in-flight budget --------------------------------------
+
+    /// Packets this QP has in flight: sent (or, for a READ, asked for) and
+    /// not yet acknowledged — what its exchanges may still put into a
+    /// receiving socket. A go-back to resend them does not take them out.
+    /// 0 unless it sends (RTS, SQD); a UC QP has none.
+    pub(crate) fn in_flight(&self) -> u32 {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return 0;
+        }
+        self.comp.una.distance_to(self.req.sent_high)
+    }
+
+    /// The path MTU its packets are cut to.
+    pub(crate) fn mtu(&self) -> u32 {
+        self.cfg.mtu
+    }
+
+    /// Whether the next packet is new (not a resend): only new packets
+    /// take room in the device's budget.
+    fn sends_new(&self) -> bool {
+        !self.req.tx_psn.is_before(self.req.sent_high)
+    }
+
+    /// The most packets this QP may have in flight now: its congestion
+    /// window, and for new packets its share of the device's budget.
+    /// Resends are never held by the budget (they were counted when first
+    /// sent): a QP waiting for room must not run out of retries meanwhile.
+    fn window(&self) -> u32 {
+        if self.sends_new() {
+            self.req.cwnd.packets().min(self.req.window_cap)
+        } else {
+            self.req.cwnd.packets()
+        }
+    }
+
+    /// The device lets this QP have at most `cap` packets in flight (its
+    /// share of a budget for all its QPs, so that a thousand QPs' windows
+    /// together do not overflow a receiving socket).
+    pub(crate) fn set_window_cap(&mut self, cap: u32) {
+        self.req.window_cap = cap;
+    }
+
+    /// Whether the device's budget, not the QP's own window or gates, is
+    /// what keeps it from sending more now.
+    pub(crate) fn held_by_window_cap(&self) -> bool {
+        let in_flight = self.in_flight();
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.req.tx_psn != self.req.next_psn
+            && self.sends_new()
+            && self.req.rnr_until.is_none()
+            && in_flight >= self.req.window_cap
+            && in_flight < self.req.cwnd.packets()
+    }
+
     // ---- transmit ---------------------------------------------------------
 
     /// Writes the next request packet due into `buf`, if the state, an RNR
@@ -340,7 +399,7 @@ impl RcQp {
         }
         loop {
             if self.req.tx_psn == self.req.next_psn
-                || self.comp.una.distance_to(self.req.tx_psn) >= self.req.cwnd.packets()
+                || self.comp.una.distance_to(self.req.tx_psn) >= self.window()
             {
                 return None;
             }
@@ -406,8 +465,11 @@ impl RcQp {
                     return Transmit::Blocked;
                 }
                 let chunk_end = if e.read_next >= e.read_chunk_end {
-                    // A new chunk, as much as the window holds now.
-                    (e.read_next + read_chunk(mtu).min(self.req.cwnd.packets())).min(e.npkts)
+                    // A new chunk, as much as the window holds now (and no
+                    // more than the device's budget leaves this QP).
+                    let cap = self.req.window_cap.saturating_sub(self.in_flight()).max(1);
+                    let chunk = read_chunk(mtu).min(self.req.cwnd.packets()).min(cap);
+                    (e.read_next + chunk).min(e.npkts)
                 } else {
                     // Asking again after a loss: always for the rest of the
                     // chunk, so the request matches the responder's saved
@@ -498,8 +560,7 @@ impl RcQp {
                 } else {
                     // Ask for an ACK regularly, and whenever this packet
                     // fills the window, so a sender held by it is answered.
-                    let fills =
-                        self.comp.una.distance_to(self.req.tx_psn) + 1 >= self.req.cwnd.packets();
+                    let fills = self.comp.una.distance_to(self.req.tx_psn) + 1 >= self.window();
                     p.bth.ack_req = (k + 1) % ACK_EVERY == 0 || fills;
                 }
                 payload = Some((offset, len));
