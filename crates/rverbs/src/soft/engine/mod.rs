@@ -407,7 +407,7 @@ impl Engine {
             if let Some(d) = slot.deadline {
                 st.timers.remove(&(d, qpn));
             }
-            st.in_flight -= slot.in_flight_counted;
+            st.in_flight = st.in_flight.saturating_sub(slot.in_flight_counted);
             if slot.budget_queued {
                 st.budget_queue.retain(|&q| q != qpn);
             }

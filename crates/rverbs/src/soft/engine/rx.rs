@@ -219,7 +219,7 @@ fn handle_datagram(
             // An ACK frees room in the device's in-flight budget: counted
             // now, so the pass's flush can hand it to a QP that waits.
             let counted = rc.in_flight() as usize * in_flight_cost(rc.mtu());
-            st.in_flight = st.in_flight - slot.in_flight_counted + counted;
+            st.in_flight = st.in_flight.saturating_sub(slot.in_flight_counted) + counted;
             slot.in_flight_counted = counted;
             (handled, rc.has_events())
         }

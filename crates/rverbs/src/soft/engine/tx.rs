@@ -403,7 +403,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         // behind them); one whose turn it is, all of it.
         let mut no_room = false;
         if let Transport::Rc(rc) = &mut slot.transport {
-            let others = *in_flight - slot.in_flight_counted;
+            let others = in_flight.saturating_sub(slot.in_flight_counted);
             let room = in_flight_limit.saturating_sub(others) / in_flight_cost(rc.mtu());
             let room = u32::try_from(room).unwrap_or(u32::MAX);
             let own = rc.in_flight();
@@ -554,7 +554,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         let counted = slot
             .rc()
             .map_or(0, |rc| rc.in_flight() as usize * in_flight_cost(rc.mtu()));
-        *in_flight = *in_flight - slot.in_flight_counted + counted;
+        *in_flight = in_flight.saturating_sub(slot.in_flight_counted) + counted;
         slot.in_flight_counted = counted;
         if !slot.budget_queued && slot.rc().is_some_and(RcQp::held_by_window_cap) {
             slot.budget_queued = true;
