@@ -91,6 +91,11 @@ impl Region {
         self.len
     }
 
+    /// Whether the memory is the registrant's, not the MR's.
+    pub(crate) fn is_foreign(&self) -> bool {
+        !self.owned && self.len > 0
+    }
+
     /// Gives owned memory back (and `None` for foreign memory).
     pub(crate) fn into_owned(mut self) -> Option<Box<[u8]>> {
         self.take_owned()
