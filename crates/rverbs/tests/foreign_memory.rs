@@ -49,7 +49,10 @@ fn unmap(at: *mut u8, pages: usize) {
 
 fn protect(at: *mut u8, pages: usize, prot: libc::c_int) {
     // SAFETY: pages this test mapped; nothing accesses them meanwhile.
-    assert_eq!(unsafe { libc::mprotect(at.cast(), pages * page(), prot) }, 0);
+    assert_eq!(
+        unsafe { libc::mprotect(at.cast(), pages * page(), prot) },
+        0
+    );
 }
 
 /// Issue 14.4: `reg_mr_raw` (and a rereg to foreign memory) over a range
@@ -80,9 +83,19 @@ fn foreign_registration_of_unmapped_or_protected_memory_is_efault() {
         (1, pg, AccessFlags::empty(), "an unmapped page"),
         (1, 8, AccessFlags::empty(), "8 bytes of an unmapped page"),
         (0, 3 * pg, rw, "around an unmapped page"),
-        (2, 2 * pg, AccessFlags::REMOTE_READ, "a range with a PROT_NONE page"),
+        (
+            2,
+            2 * pg,
+            AccessFlags::REMOTE_READ,
+            "a range with a PROT_NONE page",
+        ),
         (3, pg, AccessFlags::empty(), "a PROT_NONE page"),
-        (4, pg, AccessFlags::LOCAL_WRITE, "read-only memory for LOCAL_WRITE"),
+        (
+            4,
+            pg,
+            AccessFlags::LOCAL_WRITE,
+            "read-only memory for LOCAL_WRITE",
+        ),
         (4, pg, rw, "read-only memory for REMOTE_WRITE"),
         (2, 3 * pg, AccessFlags::REMOTE_READ, "RW, PROT_NONE, RO"),
     ];

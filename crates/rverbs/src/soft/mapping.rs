@@ -73,18 +73,18 @@ fn parse_line(line: &str) -> Option<(u64, u64, bool, bool)> {
     let perms = fields.next()?.as_bytes();
     let lo = u64::from_str_radix(lo, 16).ok()?;
     let hi = u64::from_str_radix(hi, 16).ok()?;
-    Some((lo, hi, perms.first() == Some(&b'r'), perms.get(1) == Some(&b'w')))
+    Some((
+        lo,
+        hi,
+        perms.first() == Some(&b'r'),
+        perms.get(1) == Some(&b'w'),
+    ))
 }
 
 /// The check over the lines of a maps file (sorted by address; the kernel
 /// reports every mapping that exists for the whole read, even while other
 /// threads change others).
-fn check_in_maps(
-    maps: impl BufRead,
-    addr: u64,
-    end: u64,
-    write: bool,
-) -> Result<(), MappingError> {
+fn check_in_maps(maps: impl BufRead, addr: u64, end: u64, write: bool) -> Result<(), MappingError> {
     // Everything below `covered` is mapped as needed.
     let mut covered = addr;
     for line in maps.lines() {

@@ -851,7 +851,9 @@ mod tests {
             valid: true,
         };
         let va = foreign.iova;
-        let w = foreign.read_window(va, 16, AccessKind::LocalRead, None).unwrap();
+        let w = foreign
+            .read_window(va, 16, AccessKind::LocalRead, None)
+            .unwrap();
         match w.into_bytes() {
             WindowBytes::Foreign(bytes) => {
                 let mut out = [0u8; 16];
@@ -865,12 +867,16 @@ mod tests {
             .unwrap();
         assert_eq!(w.atomic_u64().unwrap().fetch_add(3, Ordering::SeqCst), 5);
         assert_eq!(words[1].load(Ordering::SeqCst), 8);
-        let mut odd = foreign.write_window(va + 1, 8, AccessKind::LocalWrite, None).unwrap();
+        let mut odd = foreign
+            .write_window(va + 1, 8, AccessKind::LocalWrite, None)
+            .unwrap();
         assert!(odd.atomic_u64().is_none(), "unaligned");
         drop(foreign);
 
         let owned = state();
-        let w = owned.read_window(0, 1, AccessKind::LocalRead, None).unwrap();
+        let w = owned
+            .read_window(0, 1, AccessKind::LocalRead, None)
+            .unwrap();
         assert!(matches!(w.into_bytes(), WindowBytes::Owned(b) if b == [0]));
     }
 

@@ -350,7 +350,10 @@ impl MemoryRegion {
         let (current, mine) = {
             let st = self.core.read();
             let foreign = st.region.is_foreign();
-            (st.access, foreign.then(|| (st.region.addr(), st.region.len())))
+            (
+                st.access,
+                foreign.then(|| (st.region.addr(), st.region.len())),
+            )
         };
         let access = access.unwrap_or(current);
         let range = match &req.memory {
