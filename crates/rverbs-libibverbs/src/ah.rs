@@ -78,12 +78,13 @@ unsafe fn attr_from_wc(
     if grh.is_null() {
         return Err(libc::EINVAL);
     }
-    // SAFETY: per the caller, 40 readable bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(grh.cast::<u8>(), 40) };
+    // SAFETY: per the caller, 40 readable bytes; copied by value (they sit
+    // in a receive buffer, registered memory), no reference formed over them.
+    let bytes: [u8; 40] = unsafe { grh.cast::<[u8; 40]>().read() };
     let mut r = rverbs::WorkCompletion::default();
     r.wc_flags = rverbs::WcFlags::from_bits_truncate(wc.wc_flags);
     r.sl = wc.sl;
-    AddressHandle::attr_from_wc(&ctx.rust, &r, bytes).map_err(|e| errno_of(&e))
+    AddressHandle::attr_from_wc(&ctx.rust, &r, &bytes).map_err(|e| errno_of(&e))
 }
 
 export! { "IBVERBS_1.1"

@@ -1,5 +1,5 @@
-//! What every exported function shares: errno, the panic guard, and
-//! locking that shrugs off poisoning.
+//! What every exported function shares: errno, the panic guard, locking
+//! that shrugs off poisoning, and copying bytes out of the program's memory.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -8,6 +8,27 @@ pub(crate) fn set_errno(value: i32) {
     // SAFETY: __errno_location returns the calling thread's errno slot,
     // valid for the thread's lifetime.
     unsafe { *libc::__errno_location() = value };
+}
+
+/// Copies `len` bytes of the program's memory at `addr` (inline data)
+/// through a stack buffer, handing each piece to `out`. The bytes may lie in
+/// registered memory that the device or another thread of the program
+/// writes meanwhile, so they are copied raw: no Rust reference is ever
+/// formed over them.
+///
+/// # Safety
+/// `addr..addr+len` must be readable.
+pub(crate) unsafe fn copy_from_program(addr: *const u8, len: usize, mut out: impl FnMut(&[u8])) {
+    let mut chunk = [0u8; 256];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len());
+        // SAFETY: `addr + done .. + n` is inside the readable range the
+        // caller vouches for, and `chunk` is ours: they cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(addr.add(done), chunk.as_mut_ptr(), n) };
+        out(&chunk[..n]);
+        done += n;
+    }
 }
 
 /// -1 with errno `e`: how ibv_query_gid, ibv_get_cq_event and others fail.

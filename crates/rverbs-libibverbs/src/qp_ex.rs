@@ -11,7 +11,7 @@ use rverbs::{Payload, QpCaps, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 use rverbs_ibverbs_abi::abi::*;
 
 use crate::convert::{sges, SgeVec};
-use crate::ffi::{errno_of, guard, lock};
+use crate::ffi::{copy_from_program, errno_of, guard, lock};
 use crate::handles::{ah_ref, wrapper, Batch, PendingWr, Qp};
 
 /// The send operations the extended API supports.
@@ -357,9 +357,9 @@ unsafe fn copy_inline(
         if b.length > 0 && !b.addr.is_null() {
             // SAFETY: the program passes readable buffers of these lengths
             // (at most max_inline_data bytes in all).
-            out.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(b.addr.cast::<u8>(), b.length)
-            });
+            unsafe {
+                copy_from_program(b.addr.cast::<u8>(), b.length, |p| out.extend_from_slice(p))
+            };
         }
     }
     Some(out)

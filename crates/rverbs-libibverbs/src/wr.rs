@@ -13,7 +13,7 @@ use rverbs::{
 use rverbs_ibverbs_abi::abi::*;
 
 use crate::convert::{sges, SgeVec};
-use crate::ffi::errno_of;
+use crate::ffi::{copy_from_program, errno_of};
 use crate::handles::ah_ref;
 
 /// The operation and flags of a C send WR; `None` for an opcode rverbs
@@ -111,9 +111,11 @@ unsafe fn c_send_wr<'a>(at: *mut ibv_send_wr, qp: &QueuePair) -> Result<CSendWr<
             // SAFETY: inline data is read from the program's own memory at
             // the SGE's address, as libibverbs does; the program guarantees
             // it is readable.
-            inline.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
-            });
+            unsafe {
+                copy_from_program(s.addr as *const u8, s.length as usize, |b| {
+                    inline.extend_from_slice(b)
+                })
+            };
         }
     }
     let ud = if qp.qp_type() == QpType::Ud {

@@ -110,3 +110,20 @@ fn wr_inputs_are_checked_before_they_are_read_and_lists_are_bounded() {
         assert!(ok, "{text}");
     }
 }
+
+/// Issue 14.4: ibv_reg_mr* over munmap'ed or PROT_NONE memory, or asking
+/// for write access to read-only memory, is NULL with errno EFAULT, and
+/// ibv_rereg_mr onto munmap'ed memory IBV_REREG_MR_ERR_CMD with EFAULT;
+/// nothing is leaked.
+#[test]
+fn registering_unmapped_memory_is_efault() {
+    let Some((ok, text)) = run_c(
+        "reg_fault",
+        include_str!("c/reg_fault.c"),
+        &[("RVERBS_LEAK_CHECK", "1")],
+    ) else {
+        return;
+    };
+    assert!(ok, "{text}");
+    assert!(!text.contains("rverbs: leak"), "{text}");
+}

@@ -177,6 +177,9 @@ pub enum ErrorKind {
     AddrInUse,
     /// `EADDRNOTAVAIL`: the configured address is not one of this host's.
     AddrNotAvailable,
+    /// `EFAULT`: memory to register is not mapped, or not with the access
+    /// the MR asks for.
+    BadAddress,
     /// Any other errno the operating system returned.
     Os(i32),
 }
@@ -196,6 +199,7 @@ impl ErrorKind {
             ErrorKind::NotSupported => E::EOPNOTSUPP as i32,
             ErrorKind::AddrInUse => E::EADDRINUSE as i32,
             ErrorKind::AddrNotAvailable => E::EADDRNOTAVAIL as i32,
+            ErrorKind::BadAddress => E::EFAULT as i32,
             ErrorKind::Os(n) => n,
         }
     }
@@ -214,6 +218,7 @@ impl ErrorKind {
             E::EOPNOTSUPP => ErrorKind::NotSupported,
             E::EADDRINUSE => ErrorKind::AddrInUse,
             E::EADDRNOTAVAIL => ErrorKind::AddrNotAvailable,
+            E::EFAULT => ErrorKind::BadAddress,
             _ => ErrorKind::Os(errno),
         }
     }

@@ -8,22 +8,33 @@
 //!   validity, protection domain, access flags, bounds and atomic alignment —
 //!   used for local SGEs, remote requests and the owner's own
 //!   `read_at`/`write_at` alike;
-//! - the only code that copies bytes in and out of registered memory
-//!   ([`ReadWindow`], [`WriteWindow`]).
+//! - the only code that touches registered memory ([`ReadWindow`],
+//!   [`WriteWindow`], [`ForeignBytes`]).
 //!
 //! Registered memory is never handed out as a Rust reference in safe code,
-//! and no two copies race: copies out of an MR run under its read lock, copies
-//! into it (the owner's `write_at`, receives, READ responses, remote writes
-//! and atomics) under its write lock — the borrow checker enforces it, as a
-//! [`WriteWindow`] can only be made from `&mut MrState`. Deregistration and
-//! re-registration take the write lock too, so they wait for copies in
-//! flight and later lookups fail. Locks are not reentrant: code that holds a
-//! window must not open another on any MR (the transport always copies
-//! through a packet buffer, so it never needs to).
+//! and no two of the device's copies race: copies out of an MR run under its
+//! read lock, copies into it (the owner's `write_at`, receives, READ
+//! responses, remote writes and atomics) under its write lock — the borrow
+//! checker enforces it, as a [`WriteWindow`] can only be made from
+//! `&mut MrState`. Deregistration and re-registration take the write lock
+//! too, so they wait for copies in flight and later lookups fail. Locks are
+//! not reentrant: code that holds a window must not open another on any MR
+//! (the transport always copies through a packet buffer, so it never needs
+//! to).
+//!
+//! Foreign memory (registered through `reg_mr_raw`, as everything the C
+//! drop-in registers) is the registrant's: it may write it at any time,
+//! behind every lock. So it is only ever reached through raw pointer copies
+//! (`ptr::copy`) and atomic read-modify-writes, never through a `&[u8]`: a
+//! shared reference would promise the compiler bytes that do not change.
+//! [`ReadWindow::into_bytes`] lends memory the MR owns as a slice (the
+//! engine sends it straight from the MR) and foreign memory only as
+//! [`ForeignBytes`], which can be copied out and nothing else.
 
 use crate::soft::keymap::KeyMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::attr::AccessFlags;
@@ -39,8 +50,8 @@ pub(crate) struct Region {
 // SAFETY: a Region is a pointer to memory that is either owned by the MR
 // (a leaked Box, freed only by `into_owned`) or promised valid by the caller
 // of the unsafe registration until deregistration. It is only read and written
-// through `MemWindow` copies, never through references, so moving the pointer
-// between threads or sharing it is sound.
+// through window copies (and owned memory lent under the MR's read lock), so
+// moving the pointer between threads or sharing it is sound.
 unsafe impl Send for Region {}
 // SAFETY: see `Send` above; shared access only performs raw copies.
 unsafe impl Sync for Region {}
@@ -89,6 +100,11 @@ impl Region {
     /// Length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the memory is the registrant's, not the MR's.
+    pub(crate) fn is_foreign(&self) -> bool {
+        !self.owned && self.len > 0
     }
 
     /// Gives owned memory back (and `None` for foreign memory).
@@ -286,6 +302,7 @@ impl MrState {
         Ok(ReadWindow {
             ptr,
             len,
+            owned: self.region.owned,
             _state: PhantomData,
         })
     }
@@ -328,7 +345,39 @@ impl MrState {
 pub(crate) struct ReadWindow<'a> {
     ptr: *mut u8,
     len: usize,
+    /// The MR owns the memory (nothing writes it under the read lock).
+    owned: bool,
     _state: PhantomData<&'a MrState>,
+}
+
+/// A read window's bytes, as [`ReadWindow::into_bytes`] lends them.
+pub(crate) enum WindowBytes<'a> {
+    /// Memory the MR owns: written only under its write lock, so it can be
+    /// borrowed while the read lock is held (and sent straight from).
+    Owned(&'a [u8]),
+    /// Memory the registrant may write at any time: only copied.
+    Foreign(ForeignBytes<'a>),
+}
+
+/// A checked range of foreign registered memory, valid while the MR's read
+/// lock is held. Its registrant may write it at any moment, so it offers no
+/// reference to its bytes, only copies of them.
+pub(crate) struct ForeignBytes<'a> {
+    ptr: *const u8,
+    len: usize,
+    _state: PhantomData<&'a MrState>,
+}
+
+impl ForeignBytes<'_> {
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies the start of the range into `dst`; returns bytes copied.
+    pub(crate) fn copy_to(&self, dst: &mut [u8]) -> usize {
+        copy_out(self.ptr, self.len, dst)
+    }
 }
 
 /// A checked range of registered memory to copy into, valid while the MR's
@@ -343,9 +392,12 @@ pub(crate) struct WriteWindow<'a> {
 fn copy_out(ptr: *const u8, len: usize, dst: &mut [u8]) -> usize {
     let n = dst.len().min(len);
     // SAFETY: `ptr..ptr+n` is inside the registered region (checked when the
-    // window was made), stays allocated while the MR lock behind the window is
-    // held, and no writer runs meanwhile (writers need the write lock). Only
-    // foreign registrations could overlap `dst`; `ptr::copy` allows that.
+    // window was made) and stays allocated while the MR lock behind the
+    // window is held; no device write runs meanwhile (those need the write
+    // lock). A foreign registrant may write its memory during the copy: the
+    // copy is a raw one, no reference is formed, so at worst it copies a mix
+    // of old and new bytes, as a DMA read would. Only foreign registrations
+    // could overlap `dst`; `ptr::copy` allows that.
     unsafe { std::ptr::copy(ptr, dst.as_mut_ptr(), n) };
     n
 }
@@ -357,17 +409,23 @@ impl<'a> ReadWindow<'a> {
     }
 
     /// The window's bytes, for as long as the read lock behind it is held:
-    /// what the engine hands the kernel to send straight from the MR.
-    pub(crate) fn into_slice(self) -> &'a [u8] {
+    /// memory the MR owns as a slice (what the engine hands the kernel to
+    /// send straight from the MR), foreign memory as bytes to copy.
+    pub(crate) fn into_bytes(self) -> WindowBytes<'a> {
+        if !self.owned {
+            return WindowBytes::Foreign(ForeignBytes {
+                ptr: self.ptr,
+                len: self.len,
+                _state: PhantomData,
+            });
+        }
         // SAFETY: `ptr..ptr+len` is inside the registered region (checked
         // when the window was made; `ptr` is never null), which stays
         // allocated while the MR read lock that `'a` borrows is held (dereg
-        // and rereg take the write lock). Nothing writes it meanwhile: every
-        // write into an MR — the device's and the owner's `write_at` — goes
-        // through a write window under the write lock, and memory registered
-        // through `reg_mr_raw` may not be touched by its owner except through
-        // the MR (that function's contract).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        // and rereg take the write lock). The MR owns it, so nothing writes
+        // it meanwhile: every write into it — the device's and the owner's
+        // `write_at` — goes through a write window under the write lock.
+        WindowBytes::Owned(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
 }
 
@@ -384,6 +442,23 @@ impl WriteWindow<'_> {
         // every other access to the MR's memory through rverbs.
         unsafe { std::ptr::copy(src.as_ptr(), self.ptr, n) };
         n
+    }
+
+    /// The window's 8 bytes as one atomic word, for a remote atomic (`None`
+    /// unless the window is 8 bytes at an 8-byte aligned address, which
+    /// [`MrState::check`] ensures for atomics: the iova and the address
+    /// share their offset in a page). A registrant that uses atomics on the
+    /// word itself sees the device's read-modify-write whole.
+    pub(crate) fn atomic_u64(&mut self) -> Option<&AtomicU64> {
+        if self.len != 8 || !self.ptr.cast::<u64>().is_aligned() {
+            return None;
+        }
+        // SAFETY: the 8 bytes are inside the registered region, aligned
+        // (checked above), and stay allocated while the write lock behind
+        // the window — which `&mut self` borrows for the reference's
+        // lifetime — is held; no other rverbs access, atomic or not, runs
+        // meanwhile (they need the MR's lock).
+        Some(unsafe { AtomicU64::from_ptr(self.ptr.cast::<u64>()) })
     }
 }
 
@@ -610,6 +685,7 @@ pub(crate) fn random_u32() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
 
     fn table_with(access: AccessFlags, len: usize) -> (MrTable, Arc<MrCore>, u32) {
         let t = MrTable::new(16);
@@ -755,6 +831,53 @@ mod tests {
         // Keys are random, not counted: their upper halves take every bit.
         let high_bits_seen = keys.iter().fold(0u32, |acc, k| acc | (k >> 16));
         assert_eq!(high_bits_seen, 0xffff);
+    }
+
+    /// Foreign memory is lent only as bytes to copy; owned memory as a
+    /// slice; atomics on either are one read-modify-write on the word.
+    #[test]
+    fn foreign_memory_is_only_copied_and_atomics_are_atomic() {
+        let words = [AtomicU64::new(0x0102_0304_0506_0708), AtomicU64::new(5)];
+        let ptr = NonNull::new(words.as_ptr().cast::<u8>().cast_mut()).unwrap();
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+        let mut foreign = MrState {
+            key: 1,
+            // SAFETY: `words` outlives the state and is only accessed
+            // through atomics meanwhile.
+            region: unsafe { Region::foreign(ptr, 16) },
+            iova: ptr.as_ptr() as u64,
+            access,
+            pd: 0,
+            valid: true,
+        };
+        let va = foreign.iova;
+        let w = foreign
+            .read_window(va, 16, AccessKind::LocalRead, None)
+            .unwrap();
+        match w.into_bytes() {
+            WindowBytes::Foreign(bytes) => {
+                let mut out = [0u8; 16];
+                assert_eq!(bytes.copy_to(&mut out), 16);
+                assert_eq!(out[..8], 0x0102_0304_0506_0708u64.to_ne_bytes());
+            }
+            WindowBytes::Owned(_) => panic!("foreign memory lent as a slice"),
+        }
+        let mut w = foreign
+            .write_window(va + 8, 8, AccessKind::RemoteAtomic, None)
+            .unwrap();
+        assert_eq!(w.atomic_u64().unwrap().fetch_add(3, Ordering::SeqCst), 5);
+        assert_eq!(words[1].load(Ordering::SeqCst), 8);
+        let mut odd = foreign
+            .write_window(va + 1, 8, AccessKind::LocalWrite, None)
+            .unwrap();
+        assert!(odd.atomic_u64().is_none(), "unaligned");
+        drop(foreign);
+
+        let owned = state();
+        let w = owned
+            .read_window(0, 1, AccessKind::LocalRead, None)
+            .unwrap();
+        assert!(matches!(w.into_bytes(), WindowBytes::Owned(b) if b == [0]));
     }
 
     #[test]

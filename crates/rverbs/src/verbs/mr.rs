@@ -116,6 +116,24 @@ pub(crate) fn validate_access(verb: Verb, access: AccessFlags) -> Result<AccessF
     Ok(access - (AccessFlags::OPTIONAL_RANGE | AccessFlags::RELAXED_ORDERING))
 }
 
+/// Foreign memory must be mapped, readable, and writable when the MR asks
+/// for write access, as pinning it would need on hardware: EFAULT if not.
+pub(crate) fn check_mapped(verb: Verb, addr: u64, len: usize, access: AccessFlags) -> Result<()> {
+    let write = access.intersects(
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::MW_BIND,
+    );
+    crate::soft::mapping::check_mapped(addr, len, write).map_err(|e| {
+        Error::new(
+            verb,
+            ErrorKind::BadAddress,
+            format!("cannot register {addr:#x}+{len}: {e}"),
+        )
+    })
+}
+
 fn access_error(verb: Verb, e: AccessError) -> Error {
     Error::invalid(verb, e.to_string())
 }
@@ -288,6 +306,9 @@ impl MemoryRegion {
             Ok(a) => a,
             Err(e) => return Err(Rejected::new(e, req)),
         };
+        if let Err(e) = self.check_rereg_mapping(verb, &req, access) {
+            return Err(Rejected::new(e, req));
+        }
         let dev = &self.pd.ctx.device;
         let mut st = self.core.write();
         let mut old = None;
@@ -315,6 +336,36 @@ impl MemoryRegion {
             self.pd = pd.core.clone();
         }
         Ok(old.and_then(Region::into_owned).map(MrBuffer::from))
+    }
+
+    /// Foreign memory the MR would have after `req` is mapped as its access
+    /// flags (`access`, else the MR's) need: new memory, or the MR's own
+    /// when only the flags change.
+    fn check_rereg_mapping(
+        &self,
+        verb: Verb,
+        req: &Rereg<'_>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        let (current, mine) = {
+            let st = self.core.read();
+            let foreign = st.region.is_foreign();
+            (
+                st.access,
+                foreign.then(|| (st.region.addr(), st.region.len())),
+            )
+        };
+        let access = access.unwrap_or(current);
+        let range = match &req.memory {
+            Some(NewMemory::Foreign(region)) => Some((region.addr(), region.len())),
+            Some(NewMemory::Owned(_) | NewMemory::Null) => None,
+            None if req.access.is_some() => mine,
+            None => None,
+        };
+        match range {
+            Some((addr, len)) => check_mapped(verb, addr, len, access),
+            None => Ok(()),
+        }
     }
 
     fn check_rereg(&self, verb: Verb, req: &Rereg<'_>) -> Result<()> {

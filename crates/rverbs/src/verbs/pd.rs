@@ -10,7 +10,7 @@ use crate::error::{Error, Rejected, Result, Verb};
 use crate::soft::context::ContextCore;
 use crate::soft::memory::Region;
 use crate::soft::pd::PdCore;
-use crate::verbs::mr::{MemoryRegion, MrBuffer};
+use crate::verbs::mr::{check_mapped, MemoryRegion, MrBuffer};
 
 /// A protection domain: MRs, QPs and AHs of one PD can reach each other only.
 pub struct ProtectionDomain {
@@ -74,7 +74,9 @@ impl ProtectionDomain {
         })
     }
 
-    /// Registers memory the caller owns (`ibv_reg_mr_iova2`).
+    /// Registers memory the caller owns (`ibv_reg_mr_iova2`). Memory not
+    /// mapped readable — and writable, when `access` asks for any write
+    /// access — is refused with EFAULT, as pinning it would be on hardware.
     ///
     /// # Safety
     /// `addr..addr+len` must be valid for reads and writes, and stay valid
@@ -93,6 +95,7 @@ impl ProtectionDomain {
         let ptr =
             NonNull::new(addr).ok_or_else(|| Error::invalid(Verb::RegMr, "address is NULL"))?;
         let access = MemoryRegion::check_registration(&self.core, addr as u64, len, iova, access)?;
+        check_mapped(Verb::RegMr, addr as u64, len, access)?;
         // SAFETY: the caller guarantees the range for the MR's lifetime.
         let region = unsafe { Region::foreign(ptr, len) };
         MemoryRegion::register(&self.core, region, iova, access).map_err(|(e, _)| e)

@@ -23,7 +23,7 @@ use super::{
     in_flight_cost, peer_endpoint, NetStats, State, FLUSH_BUDGET, MAX_BATCH_BYTES,
     MAX_BATCH_SEGMENTS, MAX_PACKET,
 };
-use crate::soft::memory::{MrCore, MrTable};
+use crate::soft::memory::{MrCore, MrTable, WindowBytes};
 use crate::soft::sys;
 use crate::soft::transport::rc::{AckPolicy, RcQp};
 use crate::soft::transport::{PayloadRef, TxBuffer};
@@ -52,11 +52,12 @@ pub(super) struct TxPacket {
 fn packet_pieces<'a>(
     pkt: &'a [u8],
     refs: &[PayloadRef],
-    payloads: &[&'a [u8]],
+    payloads: &[Option<&'a [u8]>],
     out: &mut SmallVec<[&'a [u8]; 8]>,
 ) {
     let mut pos = 0;
     for (r, payload) in refs.iter().zip(payloads) {
+        let Some(payload) = payload else { continue };
         let at = r.at as usize;
         if at > pos {
             out.push(&pkt[pos..at]);
@@ -97,7 +98,7 @@ fn iovecs<'a>(
     buf: &'a [u8],
     pkts: &[TxPacket],
     refs: &[PayloadRef],
-    payloads: &[&'a [u8]],
+    payloads: &[Option<&'a [u8]>],
     range: Range<usize>,
     iov: &mut IoVector<'a>,
 ) {
@@ -106,6 +107,7 @@ fn iovecs<'a>(
     let mut pending = off..off;
     for p in &pkts[range] {
         for (r, payload) in refs[p.refs.clone()].iter().zip(&payloads[p.refs.clone()]) {
+            let Some(payload) = payload else { continue };
             let at = off + r.at as usize;
             pending.end = at;
             if !pending.is_empty() {
@@ -181,17 +183,35 @@ impl Sender<'_> {
         let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
         // A reference whose MR was deregistered (or whose window no longer
         // checks) since its packet was built loses its batch: the
-        // retransmission fails the WR with a protection error.
-        let mut payloads: SmallVec<[&[u8]; MAX_BATCH_SEGMENTS]> = SmallVec::new();
-        let mut lost: SmallVec<[bool; MAX_BATCH_SEGMENTS]> = SmallVec::new();
-        for r in refs {
-            let window = mrs.iter().position(|(k, _)| *k == r.key).and_then(|i| {
-                guards[i]
-                    .keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd))
-                    .ok()
-            });
-            lost.push(window.is_none());
-            payloads.push(window.map_or(&[][..], |w| w.into_slice()));
+        // retransmission fails the WR with a protection error. Memory the
+        // MR owns goes straight from the MR; foreign memory, which its
+        // registrant may be writing, is copied into its packet here, once:
+        // never borrowed, and the ICRC covers exactly the bytes sent.
+        let mut payloads: SmallVec<[Option<&[u8]>; MAX_BATCH_SEGMENTS]> =
+            SmallVec::from_elem(None, refs.len());
+        let mut lost: SmallVec<[bool; MAX_BATCH_SEGMENTS]> = SmallVec::from_elem(true, refs.len());
+        let mut pkt_at = 0;
+        for p in pkts {
+            for i in p.refs.clone() {
+                let r = &refs[i];
+                let Some(window) = mrs.iter().position(|(k, _)| *k == r.key).and_then(|m| {
+                    guards[m]
+                        .keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd))
+                        .ok()
+                }) else {
+                    continue;
+                };
+                lost[i] = false;
+                payloads[i] = match window.into_bytes() {
+                    WindowBytes::Owned(bytes) => Some(bytes),
+                    WindowBytes::Foreign(bytes) => {
+                        let at = pkt_at + r.at as usize;
+                        bytes.copy_to(&mut buf[at..at + bytes.len()]);
+                        None
+                    }
+                };
+            }
+            pkt_at += p.len;
         }
         let usable = |s: &PendingSend| {
             pkts[s.pkts.clone()]
@@ -774,7 +794,8 @@ mod tests {
             (&[piece(28, 8), piece(40, 8), piece(48, 8)], 6),
         ];
         for (refs, want) in cases {
-            let payloads: Vec<&[u8]> = refs.iter().map(|r| &data[..r.len as usize]).collect();
+            let payloads: Vec<Option<&[u8]>> =
+                refs.iter().map(|r| Some(&data[..r.len as usize])).collect();
             let pkts = [TxPacket {
                 len: buf.len(),
                 refs: 0..refs.len(),

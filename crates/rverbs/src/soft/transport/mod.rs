@@ -13,6 +13,8 @@ pub(crate) mod recv;
 mod sim;
 pub(crate) mod ud;
 
+use std::sync::atomic::Ordering::SeqCst;
+
 use smallvec::SmallVec;
 
 use crate::attr::AccessFlags;
@@ -115,6 +117,16 @@ impl Memory for MrTable {
             AccessKind::RemoteAtomic,
             Some(pd),
             |mut w| {
+                // One atomic read-modify-write on the word (foreign memory
+                // may be read and written by its registrant meanwhile).
+                if let Some(word) = w.atomic_u64() {
+                    return match op {
+                        AtomicOp::CompareSwap { compare, swap } => word
+                            .compare_exchange(compare, swap, SeqCst, SeqCst)
+                            .unwrap_or_else(|old| old),
+                        AtomicOp::FetchAdd { add } => word.fetch_add(add, SeqCst),
+                    };
+                }
                 let mut b = [0u8; 8];
                 w.read_into(&mut b);
                 let old = u64::from_ne_bytes(b);
