@@ -94,6 +94,23 @@ pub mod counters {
     pub use crate::soft::counters::{running, summary, RunningDevice};
 }
 
+/// Test-only fault injection (the `fault-injection` cargo feature, which the
+/// crate's own tests turn on; never enabled in a build that ships): makes a
+/// device's engine panic, so tests can check that the device then fails
+/// safely — `IBV_EVENT_DEVICE_FATAL` to every context, EIO from later verbs,
+/// no hang and no abort.
+#[cfg(feature = "fault-injection")]
+pub mod fault {
+    pub use crate::soft::engine::PanicSite;
+
+    /// Arms one panic in `device`'s engine: the next progress pass on a
+    /// `site` thread that receives a packet panics in its middle (after the
+    /// receive, before the transmit), with the engine's lock held.
+    pub fn panic_in_next_pass(device: &crate::Device, site: PanicSite) {
+        device.core.engine.arm_panic(site);
+    }
+}
+
 /// The UDP port RoCEv2 packets go to (4791), where every device's endpoint
 /// listens.
 pub use rverbs_wire::icrc::ROCE_V2_PORT;

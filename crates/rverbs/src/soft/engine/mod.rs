@@ -115,6 +115,17 @@ const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
 /// Longest a due timer waits for a pass that reads the socket dry.
 const TIMER_DEFER: Duration = Duration::from_millis(1);
 
+/// Where an injected panic strikes (the `fault-injection` feature: tests
+/// only).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PanicSite {
+    /// A progress pass on the device's engine thread.
+    EngineThread,
+    /// A progress pass on an application thread (one that polls a CQ).
+    ApplicationThread,
+}
+
 /// What the device allows the engine.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EngineLimits {
@@ -155,6 +166,9 @@ struct State {
     gso: bool,
     /// When the engine thread will wake up by itself (`None`: never).
     thread_wakes_at: Option<Instant>,
+    /// A panic a test armed (see `crate::fault`).
+    #[cfg(feature = "fault-injection")]
+    armed_panic: Option<PanicSite>,
 }
 
 /// The network engine of one device.
@@ -263,6 +277,8 @@ impl Engine {
                 tx_pkts: Vec::new(),
                 gso,
                 thread_wakes_at: None,
+                #[cfg(feature = "fault-injection")]
+                armed_panic: None,
             }),
             waker,
             mrs,
@@ -295,6 +311,13 @@ impl Engine {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         st
+    }
+
+    /// Arms one panic: the next pass on a `site` thread that receives a
+    /// packet panics (tests only, see `crate::fault`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn arm_panic(&self, site: PanicSite) {
+        self.lock().armed_panic = Some(site);
     }
 
     /// Most packets of `mtu` bytes one QP should have in flight: half of
@@ -641,6 +664,10 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     // have left an ACK queued); the pass after its sleep runs the rest.
     let drained = driver != Driver::Parking && rx::receive(st, mem, driver);
     let received = st.stats.rx_recvs != before;
+    #[cfg(feature = "fault-injection")]
+    if received {
+        injected_panic(st);
+    }
     let now = Instant::now();
     // Timers wait until the socket is read dry: an ACK still queued there
     // would otherwise be found only after its packets were resent (a pass
@@ -687,6 +714,22 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
         }
     };
     tx::flush(st, mem, now, acks);
+}
+
+/// Panics if a test armed a panic for a pass on this kind of thread, in
+/// the middle of the pass: the receive has changed the state, the transmit
+/// has not run.
+#[cfg(feature = "fault-injection")]
+fn injected_panic(st: &mut State) {
+    let here = if thread::on_engine_thread() {
+        PanicSite::EngineThread
+    } else {
+        PanicSite::ApplicationThread
+    };
+    if st.armed_panic == Some(here) {
+        st.armed_panic = None;
+        panic!("injected panic in a progress pass ({here:?}) for a test");
+    }
 }
 
 /// The UDP endpoint of a RoCEv2 peer with this GID.

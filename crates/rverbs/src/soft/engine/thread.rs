@@ -59,7 +59,21 @@ impl Engine {
     }
 }
 
+#[cfg(feature = "fault-injection")]
+thread_local! {
+    /// This thread is a device's engine thread (for injected panics).
+    static ON_ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a device's engine thread.
+#[cfg(feature = "fault-injection")]
+pub(super) fn on_engine_thread() -> bool {
+    ON_ENGINE_THREAD.with(std::cell::Cell::get)
+}
+
 fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
+    #[cfg(feature = "fault-injection")]
+    ON_ENGINE_THREAD.with(|on| on.set(true));
     let mrs = &*engine.mrs;
     // The thread's own handle on the socket: it stays open while the thread
     // sleeps on it, even if shutdown closes the engine's.
