@@ -103,10 +103,12 @@ pub mod counters {
 pub mod fault {
     pub use crate::soft::engine::PanicSite;
 
-    /// Arms one panic in `device`'s engine: the next progress pass on a
-    /// `site` thread that receives a packet panics in its middle (after the
-    /// receive, before the transmit), with the engine's lock held.
-    pub fn panic_in_next_pass(device: &crate::Device, site: PanicSite) {
+    /// Arms one panic in `device`'s engine, with its lock held: the next
+    /// progress pass on a `site` thread that receives a packet panics in
+    /// its middle (after the receive, before the transmit); at
+    /// [`PanicSite::Post`], the next QP verb panics after its change,
+    /// before its transmit.
+    pub fn arm_panic(device: &crate::Device, site: PanicSite) {
         device.core.engine.arm_panic(site);
     }
 }

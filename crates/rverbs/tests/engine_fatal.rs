@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{connect_sides, pair_side_on, sge, PairSide};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use rverbs::fault::{panic_in_next_pass, PanicSite};
+use rverbs::fault::{arm_panic, PanicSite};
 use rverbs::{
     AccessFlags, AsyncEventType, Device, DeviceConfig, ErrorKind, QpAttr, QpAttrMask, QpCaps,
     QpState, QpType, RecvWr, SendWr, WorkCompletion, WrOpcode,
@@ -60,11 +60,20 @@ fn expect_device_fatal(side: &PairSide, what: &str) {
 /// After the device failed: EIO from post_send, post_recv, modify and the
 /// create verbs; the QP reads as ERR; polling the CQ keeps answering.
 fn expect_failed(dev: &Device, side: &PairSide, what: &str) {
-    assert!(dev.is_disassociated(), "{what}: device still alive");
+    assert!(dev.has_failed(), "{what}: device did not fail");
+    assert!(
+        dev.is_disassociated(),
+        "{what}: device still listed as alive"
+    );
+    assert!(
+        rverbs::devices().unwrap().iter().all(|d| d != dev),
+        "{what}: a failed device is still listed"
+    );
     let data = [sge(&side.mr, 0, 8)];
     let send = SendWr::new(100, WrOpcode::Send, &data).signaled();
     let e = side.qp.post_send(&send).unwrap_err();
     assert_eq!((e.kind(), e.errno()), (ErrorKind::Io, EIO), "{what}: {e}");
+    assert!(e.message().contains("failed"), "{what}: {e}");
     let e = side.qp.post_recv(&RecvWr::new(101, &data)).unwrap_err();
     assert_eq!(e.errno(), EIO, "{what}: {e}");
     let attr = QpAttr {
@@ -92,7 +101,7 @@ fn a_panic_on_the_engine_thread_fails_the_device() {
         a.qp.post_recv(&RecvWr::new(i, &[sge(&a.mr, 0, 64)]))
             .unwrap();
     }
-    panic_in_next_pass(&da, PanicSite::EngineThread);
+    arm_panic(&da, PanicSite::EngineThread);
     // Nobody polls a's CQ: a's engine thread receives the SEND.
     let data = [sge(&b.mr, 0, 8)];
     b.qp.post_send(&SendWr::new(1, WrOpcode::Send, &data).signaled())
@@ -111,14 +120,14 @@ fn a_panic_in_a_pass_on_a_polling_thread_fails_the_device() {
         a.qp.post_recv(&RecvWr::new(i, &[sge(&a.mr, 0, 64)]))
             .unwrap();
     }
-    panic_in_next_pass(&da, PanicSite::ApplicationThread);
+    arm_panic(&da, PanicSite::PollingThread);
     let data = [sge(&b.mr, 0, 8)];
     let mut wc = [WorkCompletion::default(); 16];
     let deadline = Instant::now() + Duration::from_secs(20);
     // Each SEND is received by whichever thread gets to it first; one the
     // polling thread receives is the one that panics.
     let mut sent = 0;
-    while !da.is_disassociated() {
+    while !da.has_failed() {
         assert!(
             sent < SENDS && Instant::now() < deadline,
             "{sent} SENDs received and no panic on the polling thread"
@@ -127,7 +136,7 @@ fn a_panic_in_a_pass_on_a_polling_thread_fails_the_device() {
             .unwrap();
         sent += 1;
         let until = Instant::now() + Duration::from_secs(5);
-        while !da.is_disassociated() && Instant::now() < until {
+        while !da.has_failed() && Instant::now() < until {
             if a.cq.poll(&mut wc).unwrap() > 0 {
                 break;
             }
@@ -135,4 +144,47 @@ fn a_panic_in_a_pass_on_a_polling_thread_fails_the_device() {
     }
     expect_device_fatal(&a, "polling thread panic");
     expect_failed(&da, &a, "polling thread panic");
+}
+
+/// The transmit a post_send runs on the caller's thread panics: the post
+/// fails with EIO and the device fails.
+#[test]
+fn a_panic_in_a_post_fails_the_device() {
+    let (da, _db, a, b) = pair("fatal-post");
+    b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 64)]))
+        .unwrap();
+    arm_panic(&da, PanicSite::Post);
+    let data = [sge(&a.mr, 0, 8)];
+    let e =
+        a.qp.post_send(&SendWr::new(1, WrOpcode::Send, &data).signaled())
+            .unwrap_err();
+    assert_eq!(e.errno(), EIO, "{e}");
+    expect_device_fatal(&a, "post panic");
+    expect_failed(&da, &a, "post panic");
+}
+
+/// Every context of a failed device hears of it, and a completion channel
+/// reader blocked on it wakes with EIO, as on disassociation.
+#[test]
+fn every_context_and_channel_reader_hears_of_a_failure() {
+    let (da, _db, a, b) = pair("fatal-contexts");
+    let other = da.open().unwrap();
+    let channel = a.ctx.create_comp_channel().unwrap();
+    let reader = std::thread::spawn(move || channel.get_cq_event().map(|_| ()));
+    a.qp.post_recv(&RecvWr::new(1, &[sge(&a.mr, 0, 64)]))
+        .unwrap();
+    arm_panic(&da, PanicSite::EngineThread);
+    let data = [sge(&b.mr, 0, 8)];
+    b.qp.post_send(&SendWr::new(1, WrOpcode::Send, &data))
+        .unwrap();
+    expect_device_fatal(&a, "first context");
+    let ev = other
+        .get_async_event_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("DEVICE_FATAL on the second context");
+    assert_eq!(ev.event_type(), AsyncEventType::DeviceFatal);
+    drop(ev);
+    let woke = reader.join().unwrap();
+    assert_eq!(woke.unwrap_err().errno(), EIO);
+    assert_eq!(da.open().unwrap_err().kind(), ErrorKind::NoDevice);
 }
