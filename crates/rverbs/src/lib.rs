@@ -45,7 +45,9 @@
 //! After [`Device::disassociate`] (a hot-unplug), `IBV_EVENT_DEVICE_FATAL`
 //! reaches every context and verbs fail with EIO; destroy verbs too, unless
 //! `RDMAV_ALLOW_DISASSOC_DESTROY` is set (present and not `0`, read once per
-//! process), when they succeed.
+//! process), when they succeed. A panic in a device's network engine (a bug)
+//! fails the device the same way ([`Device::has_failed`]), as a fatal error
+//! does a NIC: it is logged, and never reaches the caller.
 //!
 //! Every object is `Send + Sync`: share it between threads by reference or
 //! in an `Arc`.

@@ -703,10 +703,10 @@ impl Engine {
     }
 
     /// Device gone: every QP goes to ERR (flushing its work), the socket
-    /// closes and the thread ends.
+    /// closes and the thread ends. A failed engine is only abandoned.
     pub(crate) fn shutdown(&self) {
         self.stopped.store(true, Ordering::Release);
-        let _ = self.locked(|st| {
+        let flushed = self.locked(|st| {
             let qpns: Vec<u32> = st.qps.keys().copied().collect();
             for qpn in qpns {
                 if let Some(slot) = st.qps.get_mut(&qpn) {
@@ -717,6 +717,10 @@ impl Engine {
             tx::flush(st, &self.mrs, Instant::now(), AckPolicy::Now);
             st.socket = None;
         });
+        if flushed.is_err() {
+            // Failed meanwhile: its state stays as it is, the socket closes.
+            self.abandon();
+        }
         let _ = self.waker.write(1);
         // A poller parked on this device's socket looks again.
         self.bell.wake();
@@ -917,7 +921,8 @@ mod tests {
         e.add_qp(QpCaps::default(), |n| {
             qpn = n;
             Arc::new(NoEvents)
-        });
+        })
+        .unwrap();
         qpn
     }
 
