@@ -45,7 +45,9 @@
 //! After [`Device::disassociate`] (a hot-unplug), `IBV_EVENT_DEVICE_FATAL`
 //! reaches every context and verbs fail with EIO; destroy verbs too, unless
 //! `RDMAV_ALLOW_DISASSOC_DESTROY` is set (present and not `0`, read once per
-//! process), when they succeed.
+//! process), when they succeed. A panic in a device's network engine (a bug)
+//! fails the device the same way ([`Device::has_failed`]), as a fatal error
+//! does a NIC: it is logged, and never reaches the caller.
 //!
 //! Every object is `Send + Sync`: share it between threads by reference or
 //! in an `Arc`.
@@ -92,6 +94,25 @@ pub use wr::{Payload, QpState, RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpco
 /// `RVERBS_COUNTERS=1` prints at a C program's exit).
 pub mod counters {
     pub use crate::soft::counters::{running, summary, RunningDevice};
+}
+
+/// Test-only fault injection (the `fault-injection` cargo feature, which the
+/// crate's own tests turn on; never enabled in a build that ships): makes a
+/// device's engine panic, so tests can check that the device then fails
+/// safely — `IBV_EVENT_DEVICE_FATAL` to every context, EIO from later verbs,
+/// no hang and no abort.
+#[cfg(feature = "fault-injection")]
+pub mod fault {
+    pub use crate::soft::engine::PanicSite;
+
+    /// Arms one panic in `device`'s engine, with its lock held: the next
+    /// progress pass on a `site` thread that receives a packet panics in
+    /// its middle (after the receive, before the transmit); at
+    /// [`PanicSite::Post`], the next QP verb panics after its change,
+    /// before its transmit.
+    pub fn arm_panic(device: &crate::Device, site: PanicSite) {
+        device.core.engine.arm_panic(site);
+    }
 }
 
 /// The UDP port RoCEv2 packets go to (4791), where every device's endpoint

@@ -5,11 +5,12 @@
 //! GUID), the attributes and limits every verb enforces, its key table and
 //! the handles of its objects. Disassociation — a hot-unplug — is modelled
 //! here: the endpoint closes, every context gets `IBV_EVENT_DEVICE_FATAL`,
-//! and later verbs fail with EIO.
+//! and later verbs fail with EIO. A failure of the device's engine (a panic
+//! in it) ends the device the same way, as a fatal error does a NIC.
 
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use rverbs_wire::icrc::ROCE_V2_PORT;
@@ -194,6 +195,22 @@ pub(crate) enum DestroyPath {
     Forced,
 }
 
+/// Whether a device is alive, and if not, why (`SoftDevice::gone`).
+const ALIVE: u8 = 0;
+const DISASSOCIATED: u8 = 1;
+const FAILED: u8 = 2;
+
+/// How a device goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Hot-unplugged: every QP goes to ERR with its work flushed, then the
+    /// endpoint closes.
+    Disassociated,
+    /// Its engine failed (panicked): its state may be half-updated, so it
+    /// is left as it is — no flush — and only the endpoint closes.
+    Failed,
+}
+
 /// One software RoCE device.
 pub(crate) struct SoftDevice {
     pub(crate) name: String,
@@ -207,7 +224,8 @@ pub(crate) struct SoftDevice {
     pub(crate) ifindex: u32,
     /// The UDP endpoint, the QP table and progress.
     pub(crate) engine: Arc<Engine>,
-    disassociated: AtomicBool,
+    /// `ALIVE`, `DISASSOCIATED` or `FAILED`.
+    gone: AtomicU8,
     next_handle: AtomicU64,
     /// Registered memory (the engine holds it too).
     pub(crate) mrs: Arc<MrTable>,
@@ -250,7 +268,7 @@ impl SoftDevice {
         let engine = Engine::new(socket, ifindex, mrs.clone(), limits)
             .map_err(|e| Error::from_io(Verb::GetDeviceList, &e, "UDP endpoint setup"))?;
         tracing::debug!(%name, %local, link_mtu, "software RoCE device up");
-        Ok(Arc::new(SoftDevice {
+        let device = Arc::new(SoftDevice {
             name,
             addr: local,
             gid: Gid::from_ip(local),
@@ -259,7 +277,7 @@ impl SoftDevice {
             interface: link.as_ref().map(|l| l.name.clone()),
             ifindex,
             engine: Arc::new(engine),
-            disassociated: AtomicBool::new(false),
+            gone: AtomicU8::new(ALIVE),
             next_handle: AtomicU64::new(1),
             mrs,
             pds: Quota::new(attr.max_pd),
@@ -277,25 +295,46 @@ impl SoftDevice {
                     None
                 }
             },
-        }))
+        });
+        // A failed engine ends the device (held weakly: the engine lives
+        // inside it).
+        let weak = Arc::downgrade(&device);
+        device.engine.on_failure(move || {
+            if let Some(dev) = weak.upgrade() {
+                dev.go_away(Ending::Failed);
+            }
+        });
+        Ok(device)
     }
 
-    /// Whether the device was disassociated.
+    /// Whether the device is gone: disassociated, or failed (which
+    /// disassociates it too).
     pub(crate) fn is_disassociated(&self) -> bool {
-        self.disassociated.load(Ordering::Acquire)
+        self.gone.load(Ordering::Acquire) != ALIVE
+    }
+
+    /// Whether the device failed: its engine panicked.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.gone.load(Ordering::Acquire) == FAILED || self.engine.has_failed()
     }
 
     /// Fails with EIO once the device is gone: the entry check of every verb.
     pub(crate) fn check_alive(&self, verb: Verb) -> Result<(), Error> {
-        if self.is_disassociated() {
-            Err(Error::new(
-                verb,
-                ErrorKind::Io,
-                format!("device {} was disassociated", self.name),
-            ))
+        if self.is_disassociated() || self.engine.has_failed() {
+            Err(self.gone_error(verb))
         } else {
             Ok(())
         }
+    }
+
+    /// The EIO a verb fails with on a device that is gone, saying why.
+    pub(crate) fn gone_error(&self, verb: Verb) -> Error {
+        let why = if self.has_failed() {
+            "failed (its network engine panicked; see the log)"
+        } else {
+            "was disassociated"
+        };
+        Error::new(verb, ErrorKind::Io, format!("device {} {why}", self.name))
     }
 
     /// The path of a destroy verb: checked while alive; after disassociation
@@ -409,19 +448,46 @@ impl SoftDevice {
     /// Hot-unplug: closes the endpoint, takes the device off the device list
     /// and sends IBV_EVENT_DEVICE_FATAL to every open context.
     pub(crate) fn disassociate(self: &Arc<Self>) {
+        self.go_away(Ending::Disassociated);
+    }
+
+    /// The device goes away (once): it is marked gone, so verbs fail with
+    /// EIO; its engine shuts down (disassociation: QPs to ERR, work
+    /// flushed) or is abandoned as it is (failure); it leaves the device
+    /// list; and every open context gets IBV_EVENT_DEVICE_FATAL.
+    fn go_away(self: &Arc<Self>, ending: Ending) {
+        let mark = match ending {
+            Ending::Disassociated => DISASSOCIATED,
+            Ending::Failed => FAILED,
+        };
         let contexts: Vec<_> = {
             let mut list = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
-            if self.disassociated.swap(true, Ordering::AcqRel) {
+            if self
+                .gone
+                .compare_exchange(ALIVE, mark, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
                 return;
             }
             list.drain(..).filter_map(|w| w.upgrade()).collect()
         };
-        self.engine.shutdown();
+        match ending {
+            Ending::Disassociated => self.engine.shutdown(),
+            Ending::Failed => self.engine.abandon(),
+        }
         forget(self);
+        let told = contexts.len();
         for ctx in contexts {
             ctx.device_fatal();
         }
-        tracing::info!(name = %self.name, "device disassociated");
+        match ending {
+            Ending::Disassociated => tracing::info!(name = %self.name, "device disassociated"),
+            // The panic itself was logged (as an error) where it was caught.
+            Ending::Failed => tracing::warn!(
+                name = %self.name,
+                "device failed: IBV_EVENT_DEVICE_FATAL sent to {told} context(s)"
+            ),
+        }
     }
 }
 

@@ -112,9 +112,21 @@ impl Device {
         self.core.engine.stats()
     }
 
-    /// Whether [`disassociate`](Self::disassociate) happened.
+    /// Whether the device is gone: [`disassociate`](Self::disassociate)
+    /// happened, or the device failed ([`has_failed`](Self::has_failed)).
     pub fn is_disassociated(&self) -> bool {
         self.core.is_disassociated()
+    }
+
+    /// Whether the device failed as a NIC does on a fatal error: its
+    /// network engine panicked (a bug; the panic is logged). It then went
+    /// away as on [`disassociate`](Self::disassociate) — every open context
+    /// got `IBV_EVENT_DEVICE_FATAL` and verbs fail with EIO — except that
+    /// its QPs' outstanding work is not flushed: the engine's state may be
+    /// half-updated, so nothing touches it again. Completions queued before
+    /// stay readable.
+    pub fn has_failed(&self) -> bool {
+        self.core.has_failed()
     }
 }
 

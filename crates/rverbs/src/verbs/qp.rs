@@ -9,7 +9,7 @@ use rverbs_wire::{Psn, RnrTimer};
 use crate::attr::{AccessFlags, Gid, Mtu};
 use crate::error::{Error, ErrorDetail, ErrorKind, Rejected, Result, Verb};
 use crate::qp_attr::{check_transition, AhAttr, QpAttr, QpAttrMask, QpCaps, QpType};
-use crate::soft::device::PORT_NUM;
+use crate::soft::device::{SoftDevice, PORT_NUM};
 use crate::soft::engine::{
     peer_endpoint, AttachError, QpChange, RecvRefusal, SendRefusal, SendRequest, TransportConfig,
 };
@@ -148,7 +148,10 @@ impl<'a> QpBuilder<'a> {
                 format!("device {} has max_qp = {} QPs already", dev.name, a.max_qp),
             ));
         }
-        let core = dev.engine.add_qp(c, |qpn| {
+        // Whether the QP's object was made: its drop gives the quota back.
+        let made = std::cell::Cell::new(false);
+        let added = dev.engine.add_qp(c, |qpn| {
+            made.set(true);
             QpCore::new(
                 qpn,
                 self.qp_type,
@@ -162,8 +165,25 @@ impl<'a> QpBuilder<'a> {
                 self.user_data,
             )
         });
+        let Ok(core) = added else {
+            // The engine failed meanwhile (the device is gone).
+            if !made.get() {
+                dev.qps.release();
+            }
+            return Err(dev.gone_error(verb));
+        };
         dev.start_engine();
         Ok(QueuePair { core })
+    }
+}
+
+/// The EIO of a QP verb the engine could not run: the QP is gone from it,
+/// or the engine failed (the device is gone; the error says so).
+fn qp_gone(dev: &SoftDevice, verb: Verb) -> Error {
+    if dev.has_failed() {
+        dev.gone_error(verb)
+    } else {
+        Error::new(verb, ErrorKind::Io, "QP is gone")
     }
 }
 
@@ -283,7 +303,7 @@ impl QueuePair {
             sqd_notify: mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify,
         };
         match dev.engine.modify_qp(core.qpn, change) {
-            None => return Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
+            None => return Err(qp_gone(dev, verb)),
             // The transport moved the QP (to ERR) since `from` was read:
             // the transition checked is then not this one.
             Some(Err(now_in)) => {
@@ -477,7 +497,7 @@ impl QueuePair {
             .engine
             .post_send(core.qpn, wrs, prepare, all)
         {
-            None => return Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
+            None => return Err(qp_gone(&core.ctx.device, verb)),
             Some(Ok(())) => return Ok(()),
             Some(Err(refused)) => refused,
         };
@@ -652,7 +672,7 @@ impl QueuePair {
             })
         };
         match dev.engine.post_recv(core.qpn, wrs, prepare) {
-            None => Err(Error::new(verb, ErrorKind::Io, "QP is gone")),
+            None => Err(qp_gone(dev, verb)),
             Some(Ok(())) => Ok(()),
             Some(Err((index, why))) => match why {
                 RecvRefusal::QueueFull => fail(
@@ -806,6 +826,7 @@ impl QueuePair {
                         dev.addr
                     ),
                 ),
+                AttachError::Failed => dev.gone_error(verb),
             })
     }
 

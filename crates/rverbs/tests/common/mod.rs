@@ -190,7 +190,18 @@ pub fn pair_side(
     mr_len: usize,
     access: rverbs::AccessFlags,
 ) -> PairSide {
-    let ctx = rverbs::devices().unwrap()[0].open().unwrap();
+    pair_side_on(&rverbs::devices().unwrap()[0], ty, caps, mr_len, access)
+}
+
+/// [`pair_side`] on `device`.
+pub fn pair_side_on(
+    device: &rverbs::Device,
+    ty: rverbs::QpType,
+    caps: rverbs::QpCaps,
+    mr_len: usize,
+    access: rverbs::AccessFlags,
+) -> PairSide {
+    let ctx = device.open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).unwrap();
     let qp = pd
@@ -209,6 +220,18 @@ pub fn pair_side(
     }
 }
 
+/// Connects two sides' RC or UC QPs to each other (timeout 10).
+pub fn connect_sides(a: &PairSide, b: &PairSide) {
+    let opts = rverbs::cm::ConnectOptions {
+        timeout: 10,
+        ..rverbs::cm::ConnectOptions::default()
+    };
+    let ea = rverbs::cm::Endpoint::for_qp(&a.qp);
+    let eb = rverbs::cm::Endpoint::for_qp(&b.qp);
+    a.qp.connect(ea.psn, &eb, &opts).unwrap();
+    b.qp.connect(eb.psn, &ea, &opts).unwrap();
+}
+
 /// Two [`pair_side`]s of type `ty` (RC or UC), connected to each other
 /// (timeout 10).
 pub fn connected_pair(
@@ -219,13 +242,6 @@ pub fn connected_pair(
 ) -> (PairSide, PairSide) {
     let a = pair_side(ty, caps, mr_len, access);
     let b = pair_side(ty, caps, mr_len, access);
-    let opts = rverbs::cm::ConnectOptions {
-        timeout: 10,
-        ..rverbs::cm::ConnectOptions::default()
-    };
-    let ea = rverbs::cm::Endpoint::for_qp(&a.qp);
-    let eb = rverbs::cm::Endpoint::for_qp(&b.qp);
-    a.qp.connect(ea.psn, &eb, &opts).unwrap();
-    b.qp.connect(eb.psn, &ea, &opts).unwrap();
+    connect_sides(&a, &b);
     (a, b)
 }

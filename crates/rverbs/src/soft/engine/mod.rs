@@ -34,6 +34,14 @@
 //!   a packet arrives or a completion lands, so on shared cores it leaves
 //!   the core to the peer it waits for.
 //!
+//! A panic while the lock is held — on the engine thread or in a pass an
+//! application thread runs — fails the engine: every critical section runs
+//! under `catch_unwind`, the engine is marked failed before the lock is
+//! let go, and from then on nothing touches the state again (it may be
+//! half-updated): the front door answers as for a gone QP (the verbs layer
+//! says EIO), pollers find nothing to do, and the device is told once
+//! ([`Engine::on_failure`]) so it raises `IBV_EVENT_DEVICE_FATAL`.
+//!
 //! Every packet carries an ICRC computed for the IP header Linux will write
 //! (`IpUdpHeaders::linux`): the socket is unconnected with Don't Fragment
 //! set, so the IPv4 ID is 0, or k for segment k of a GSO send. Received
@@ -49,11 +57,13 @@ mod stats;
 mod thread;
 mod tx;
 
+use std::any::Any;
 use std::collections::{BTreeSet, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -115,6 +125,22 @@ const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
 /// Longest a due timer waits for a pass that reads the socket dry.
 const TIMER_DEFER: Duration = Duration::from_millis(1);
 
+/// Where an injected panic strikes (the `fault-injection` feature: tests
+/// only).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PanicSite {
+    /// A progress pass on the device's engine thread that receives a
+    /// packet.
+    EngineThread,
+    /// A progress pass on an application thread (one that polls a CQ)
+    /// that receives a packet.
+    PollingThread,
+    /// The transmit a post (or any QP verb) runs on the caller's thread,
+    /// after the verb's own change.
+    Post,
+}
+
 /// What the device allows the engine.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EngineLimits {
@@ -155,6 +181,9 @@ struct State {
     gso: bool,
     /// When the engine thread will wake up by itself (`None`: never).
     thread_wakes_at: Option<Instant>,
+    /// A panic a test armed (see `crate::fault`).
+    #[cfg(feature = "fault-injection")]
+    armed_panic: Option<PanicSite>,
     /// Bytes the RC QPs' exchanges may still put into receiving sockets
     /// (packets in flight, each costed by [`in_flight_cost`]), summed over
     /// the QPs as they were last counted.
@@ -192,9 +221,26 @@ fn in_flight_limit(rx_buffer: usize) -> usize {
     (rx_buffer * 2).max(16 * in_flight_cost(4096))
 }
 
+/// The engine failed (a panic struck while its lock was held): its state
+/// is not touched again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Failed;
+
+/// What the device does when its engine fails (raise DEVICE_FATAL).
+type FailureHook = Box<dyn Fn() + Send + Sync>;
+
 /// The network engine of one device.
 pub(crate) struct Engine {
     state: Mutex<State>,
+    /// A panic struck while the state was locked: set before the lock is
+    /// let go, so whoever locks next sees it and leaves the state alone.
+    failed: AtomicBool,
+    /// The device was told of the failure (it is told once).
+    failure_told: AtomicBool,
+    /// What to do when the engine fails (see [`on_failure`](Self::on_failure)).
+    failure_hook: OnceLock<FailureHook>,
+    /// The socket's address (for the log).
+    local_addr: SocketAddr,
     waker: EventFd,
     thread_started: AtomicBool,
     stopped: AtomicBool,
@@ -302,7 +348,13 @@ impl Engine {
                 in_flight_limit: in_flight_limit(rx_buffer),
                 budget_queue: VecDeque::new(),
                 flush_order: Vec::new(),
+                #[cfg(feature = "fault-injection")]
+                armed_panic: None,
             }),
+            failed: AtomicBool::new(false),
+            failure_told: AtomicBool::new(false),
+            failure_hook: OnceLock::new(),
+            local_addr: local,
             waker,
             mrs,
             limits,
@@ -325,15 +377,115 @@ impl Engine {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        if let Ok(st) = self.state.try_lock() {
-            return st;
+    /// Locks the state, unless the engine failed: then (or when the lock
+    /// is poisoned, by a panic whose catcher has not said so yet) `Failed`,
+    /// and the state stays untouched.
+    fn lock(&self) -> Result<MutexGuard<'_, State>, Failed> {
+        let locked = match self.state.try_lock() {
+            Ok(st) => Ok(st),
+            Err(TryLockError::Poisoned(p)) => Err(p),
+            Err(TryLockError::WouldBlock) => {
+                // Let a spinning engine thread see someone waits (it steps back).
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let st = self.state.lock();
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                st
+            }
+        };
+        match locked {
+            Ok(st) if !self.failed.load(Ordering::SeqCst) => Ok(st),
+            Ok(_) => Err(Failed),
+            Err(poisoned) => {
+                drop(poisoned);
+                self.fail();
+                Err(Failed)
+            }
         }
-        // Let a spinning engine thread see someone waits (it steps back).
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        st
+    }
+
+    /// Runs `f` on the locked state: a panic inside fails the engine (see
+    /// [`guarded`](Self::guarded)).
+    fn locked<R>(&self, f: impl FnOnce(&mut State) -> R) -> Result<R, Failed> {
+        let st = self.lock()?;
+        self.guarded(st, f)
+    }
+
+    /// Runs `f` on the state `st` holds, catching a panic: the engine is
+    /// then marked failed before the lock is let go (so no one touches the
+    /// half-updated state again), the panic is logged, and the device is
+    /// told.
+    fn guarded<R>(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        f: impl FnOnce(&mut State) -> R,
+    ) -> Result<R, Failed> {
+        match catch_unwind(AssertUnwindSafe(|| f(&mut st))) {
+            Ok(r) => Ok(r),
+            Err(panic) => {
+                self.failed.store(true, Ordering::SeqCst);
+                drop(st);
+                self.panicked(&*panic);
+                Err(Failed)
+            }
+        }
+    }
+
+    /// A panic struck while the state was locked: logs it and fails the
+    /// engine.
+    fn panicked(&self, panic: &(dyn Any + Send)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        tracing::error!(
+            local = %self.local_addr,
+            "the device's network engine panicked: {message}; the device is failed \
+             (IBV_EVENT_DEVICE_FATAL, later verbs fail with EIO)"
+        );
+        self.fail();
+    }
+
+    /// Marks the engine failed, and once: wakes its thread and the parked
+    /// pollers (they find it failed and leave) and tells the device.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        if self.failure_told.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.waker.write(1);
+        self.bell.wake();
+        if let Some(hook) = self.failure_hook.get() {
+            hook();
+        }
+    }
+
+    /// Whether the engine failed.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// What to do, once, when the engine fails (the device raises
+    /// `IBV_EVENT_DEVICE_FATAL`). Runs on the thread that caught the panic,
+    /// with no engine lock held. Set once; later calls are ignored.
+    pub(crate) fn on_failure(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.failure_hook.set(Box::new(hook));
+    }
+
+    /// The failed engine gives up its endpoint: the socket closes (the
+    /// address is free again; peers hear nothing more). Nothing else of the
+    /// state is touched: it may be half-updated.
+    pub(crate) fn abandon(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.socket = None;
+        drop(st);
+        let _ = self.waker.write(1);
+    }
+
+    /// Arms one panic at `site` (tests only, see `crate::fault`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn arm_panic(&self, site: PanicSite) {
+        let _ = self.locked(|st| st.armed_panic = Some(site));
     }
 
     /// Most packets of `mtu` bytes one QP should have in flight: half of
@@ -346,9 +498,10 @@ impl Engine {
         u32::try_from(self.rx_buffer / per_packet).unwrap_or(u32::MAX)
     }
 
-    /// The engine's counters.
+    /// The engine's counters (after a failure, as they were: reading plain
+    /// counters needs no consistent state).
     pub(crate) fn stats(&self) -> NetStats {
-        let st = self.lock();
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut stats = st.stats;
         for slot in st.qps.values() {
             slot.add_counters(&mut stats);
@@ -365,20 +518,21 @@ impl Engine {
         &self,
         caps: QpCaps,
         make: impl FnOnce(u32) -> Arc<Q>,
-    ) -> Arc<Q> {
-        let mut st = self.lock();
-        let qpn = loop {
-            let n = st.qpns.next();
-            // 0 and 1 are special QPs, 0xFFFFFF the multicast QPN.
-            if n >= 2 && n != MULTICAST_QPN && !st.qps.contains_key(&n) {
-                break n;
-            }
-        };
-        let qp = make(qpn);
-        let events: Arc<dyn QpEvents> = qp.clone();
-        st.qps
-            .insert(qpn, QpSlot::new(events, caps.max_send_wr, caps.max_recv_wr));
-        qp
+    ) -> Result<Arc<Q>, Failed> {
+        self.locked(|st| {
+            let qpn = loop {
+                let n = st.qpns.next();
+                // 0 and 1 are special QPs, 0xFFFFFF the multicast QPN.
+                if n >= 2 && n != MULTICAST_QPN && !st.qps.contains_key(&n) {
+                    break n;
+                }
+            };
+            let qp = make(qpn);
+            let events: Arc<dyn QpEvents> = qp.clone();
+            st.qps
+                .insert(qpn, QpSlot::new(events, caps.max_send_wr, caps.max_recv_wr));
+            qp
+        })
     }
 
     /// Takes a QP off the wire; its outstanding work is dropped unreported,
@@ -387,53 +541,60 @@ impl Engine {
     /// even saw it, and a peer left without that ACK retries until it gives
     /// up (RETRY_EXC_ERR).
     pub(crate) fn remove_qp(&self, qpn: u32) {
-        let mut st = self.lock();
-        if st
-            .qps
-            .get(&qpn)
-            .and_then(QpSlot::rc)
-            .is_some_and(RcQp::holds_ack)
-        {
-            mark_dirty(&mut st, qpn);
-            tx::flush(&mut st, &self.mrs, Instant::now(), AckPolicy::Now);
-        }
-        if multicast::detach(&mut st, qpn, None) {
-            self.groups_changed.fetch_add(1, Ordering::SeqCst);
-            // The engine thread's copy of a closed group's socket keeps the
-            // membership until it looks again.
-            let _ = self.waker.write(1);
-        }
-        if let Some(mut slot) = st.qps.remove(&qpn) {
-            if let Some(d) = slot.deadline {
-                st.timers.remove(&(d, qpn));
+        let _ = self.locked(|st| {
+            if st
+                .qps
+                .get(&qpn)
+                .and_then(QpSlot::rc)
+                .is_some_and(RcQp::holds_ack)
+            {
+                mark_dirty(st, qpn);
+                tx::flush(st, &self.mrs, Instant::now(), AckPolicy::Now);
             }
-            st.in_flight = st.in_flight.saturating_sub(slot.in_flight_counted);
-            if slot.budget_queued {
-                st.budget_queue.retain(|&q| q != qpn);
+            if multicast::detach(st, qpn, None) {
+                self.groups_changed.fetch_add(1, Ordering::SeqCst);
+                // The engine thread's copy of a closed group's socket keeps the
+                // membership until it looks again.
+                let _ = self.waker.write(1);
             }
-            slot.reset();
-            slot.add_counters(&mut st.stats);
-        }
+            if let Some(mut slot) = st.qps.remove(&qpn) {
+                if let Some(d) = slot.deadline {
+                    st.timers.remove(&(d, qpn));
+                }
+                st.in_flight = st.in_flight.saturating_sub(slot.in_flight_counted);
+                if slot.budget_queued {
+                    st.budget_queue.retain(|&q| q != qpn);
+                }
+                slot.reset();
+                slot.add_counters(&mut st.stats);
+            }
+        });
     }
 
     /// Runs `f` on QP `qpn`'s slot, then transmits what it owes and
     /// delivers its completions, on the caller's thread. A verb that sends
     /// nothing itself (post_recv, query) holds plain ACKs back with `acks`,
-    /// so they leave with the next post_send. `None`: no such QP.
+    /// so they leave with the next post_send. `None`: no such QP, or the
+    /// engine failed (the device is gone).
     fn with_slot<R>(
         &self,
         acks: AckPolicy,
         qpn: u32,
         f: impl FnOnce(&mut QpSlot) -> R,
     ) -> Option<R> {
-        let mut st = self.lock();
-        let slot = st.qps.get_mut(&qpn)?;
-        let r = f(slot);
-        mark_dirty(&mut st, qpn);
-        let now = Instant::now();
-        tx::flush(&mut st, &self.mrs, now, acks);
-        self.wake_if_earlier(&mut st, now);
-        Some(r)
+        self.locked(|st| {
+            let slot = st.qps.get_mut(&qpn)?;
+            let r = f(slot);
+            mark_dirty(st, qpn);
+            #[cfg(feature = "fault-injection")]
+            injected_panic(st, PanicSite::Post);
+            let now = Instant::now();
+            tx::flush(st, &self.mrs, now, acks);
+            self.wake_if_earlier(st, now);
+            Some(r)
+        })
+        .ok()
+        .flatten()
     }
 
     /// The state QP `qpn` is in (`None`: no such QP).
@@ -523,14 +684,20 @@ impl Engine {
     /// about to sleep on an armed CQ makes a full pass.
     pub(crate) fn try_progress(&self, busy: bool, now: Instant) -> bool {
         let driver = if busy { Driver::Poller } else { Driver::Engine };
-        let mut st = match self.state.try_lock() {
-            Ok(st) => st,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return false,
+        let st = match self.state.try_lock() {
+            Ok(st) if !self.failed.load(Ordering::SeqCst) => st,
+            Ok(_) | Err(TryLockError::WouldBlock) => return false,
+            Err(TryLockError::Poisoned(poisoned)) => {
+                drop(poisoned);
+                self.fail();
+                return false;
+            }
         };
-        progress(&mut st, &self.mrs, driver);
-        self.wake_if_earlier(&mut st, now);
-        true
+        self.guarded(st, |st| {
+            progress(st, &self.mrs, driver);
+            self.wake_if_earlier(st, now);
+        })
+        .is_ok()
     }
 
     /// An application thread is about to sleep on a completion channel:
@@ -579,20 +746,24 @@ impl Engine {
     }
 
     /// Device gone: every QP goes to ERR (flushing its work), the socket
-    /// closes and the thread ends.
+    /// closes and the thread ends. A failed engine is only abandoned.
     pub(crate) fn shutdown(&self) {
         self.stopped.store(true, Ordering::Release);
-        let mut st = self.lock();
-        let qpns: Vec<u32> = st.qps.keys().copied().collect();
-        for qpn in qpns {
-            if let Some(slot) = st.qps.get_mut(&qpn) {
-                slot.enter_error();
+        let flushed = self.locked(|st| {
+            let qpns: Vec<u32> = st.qps.keys().copied().collect();
+            for qpn in qpns {
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    slot.enter_error();
+                }
+                mark_dirty(st, qpn);
             }
-            mark_dirty(&mut st, qpn);
+            tx::flush(st, &self.mrs, Instant::now(), AckPolicy::Now);
+            st.socket = None;
+        });
+        if flushed.is_err() {
+            // Failed meanwhile: its state stays as it is, the socket closes.
+            self.abandon();
         }
-        tx::flush(&mut st, &self.mrs, Instant::now(), AckPolicy::Now);
-        st.socket = None;
-        drop(st);
         let _ = self.waker.write(1);
         // A poller parked on this device's socket looks again.
         self.bell.wake();
@@ -684,6 +855,15 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     // have left an ACK queued); the pass after its sleep runs the rest.
     let drained = driver != Driver::Parking && rx::receive(st, mem, driver);
     let received = st.stats.rx_recvs != before;
+    #[cfg(feature = "fault-injection")]
+    if received {
+        let here = if thread::on_engine_thread() {
+            PanicSite::EngineThread
+        } else {
+            PanicSite::PollingThread
+        };
+        injected_panic(st, here);
+    }
     let now = Instant::now();
     // Timers wait until the socket is read dry: an ACK still queued there
     // would otherwise be found only after its packets were resent (a pass
@@ -732,6 +912,17 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     tx::flush(st, mem, now, acks);
 }
 
+/// Panics if a test armed a panic `here`: in the middle of a pass (the
+/// receive has changed the state, the transmit has not run) or of a verb
+/// (its change is made, its transmit has not run).
+#[cfg(feature = "fault-injection")]
+fn injected_panic(st: &mut State, here: PanicSite) {
+    if st.armed_panic == Some(here) {
+        st.armed_panic = None;
+        panic!("injected panic ({here:?}) for a test");
+    }
+}
+
 /// The UDP endpoint of a RoCEv2 peer with this GID.
 pub(crate) fn peer_endpoint(ip: IpAddr) -> SocketAddr {
     SocketAddr::new(ip, ROCE_V2_PORT)
@@ -773,7 +964,8 @@ mod tests {
         e.add_qp(QpCaps::default(), |n| {
             qpn = n;
             Arc::new(NoEvents)
-        });
+        })
+        .unwrap();
         qpn
     }
 
@@ -818,7 +1010,7 @@ mod tests {
     fn stale_timer_entries_are_settled() {
         let e = engine();
         let qpn = new_qpn(&e);
-        let mut st = e.lock();
+        let mut st = e.lock().unwrap();
         let t = Instant::now() + Duration::from_micros(20);
         // The QP (in RESET: no transport timer) still has an entry, and a
         // QP that is gone left one too.

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::rx::{icrc_for, IdSource, SegmentIds};
 use super::slot::Transport;
-use super::{mark_dirty, peer_endpoint, Engine, State, MAX_PACKET, RX_BUDGET};
+use super::{mark_dirty, peer_endpoint, Engine, Failed, State, MAX_PACKET, RX_BUDGET};
 use crate::soft::memory::MrTable;
 use crate::soft::transport::ud::MULTICAST_QPN;
 
@@ -37,43 +37,49 @@ pub(crate) enum AttachError {
     TooManyQps,
     /// The host refused the socket, bind or join.
     Host(io::Error),
+    /// The engine failed (the device is gone).
+    Failed,
 }
 
 impl Engine {
     /// Attaches UD QP `qpn` to the multicast group at `group`: the first
     /// QP of a group makes the device join it. Attaching twice is a no-op.
     pub(crate) fn attach_mcast(&self, qpn: u32, group: IpAddr) -> Result<(), AttachError> {
-        let mut st = self.lock();
-        if let Some(g) = st.groups.iter_mut().find(|g| g.addr == group) {
-            if !g.qpns.contains(&qpn) {
-                if g.qpns.len() >= self.limits.max_mcast_qp_attach as usize {
-                    return Err(AttachError::TooManyQps);
+        let joined = self.locked(|st| {
+            if let Some(g) = st.groups.iter_mut().find(|g| g.addr == group) {
+                if !g.qpns.contains(&qpn) {
+                    if g.qpns.len() >= self.limits.max_mcast_qp_attach as usize {
+                        return Err(AttachError::TooManyQps);
+                    }
+                    g.qpns.push(qpn);
                 }
-                g.qpns.push(qpn);
+                return Ok(false);
             }
-            return Ok(());
-        }
-        if st.groups.len() >= self.limits.max_mcast_grp as usize {
-            return Err(AttachError::TooManyGroups);
-        }
-        let local = st.local.ip();
-        let socket = join_group(local, self.ifindex, group).map_err(AttachError::Host)?;
-        st.groups.push(McastGroup {
-            addr: group,
-            socket,
-            qpns: smallvec::smallvec![qpn],
+            if st.groups.len() >= self.limits.max_mcast_grp as usize {
+                return Err(AttachError::TooManyGroups);
+            }
+            let local = st.local.ip();
+            let socket = join_group(local, self.ifindex, group).map_err(AttachError::Host)?;
+            st.groups.push(McastGroup {
+                addr: group,
+                socket,
+                qpns: smallvec::smallvec![qpn],
+            });
+            self.groups_changed.fetch_add(1, Ordering::SeqCst);
+            Ok(true)
         });
-        self.groups_changed.fetch_add(1, Ordering::SeqCst);
-        drop(st);
-        let _ = self.waker.write(1);
+        if joined.map_err(|Failed| AttachError::Failed)?? {
+            let _ = self.waker.write(1);
+        }
         Ok(())
     }
 
     /// Detaches QP `qpn` from `group`; the last QP out makes the device
-    /// leave it. False if the QP was not attached.
+    /// leave it. False if the QP was not attached (or the engine failed).
     pub(crate) fn detach_mcast(&self, qpn: u32, group: IpAddr) -> bool {
-        let mut st = self.lock();
-        let detached = detach(&mut st, qpn, Some(group));
+        let detached = self
+            .locked(|st| detach(st, qpn, Some(group)))
+            .unwrap_or(false);
         if detached {
             self.groups_changed.fetch_add(1, Ordering::SeqCst);
             let _ = self.waker.write(1);
@@ -81,10 +87,11 @@ impl Engine {
         detached
     }
 
-    /// Multicast groups QP `qpn` is attached to.
+    /// Multicast groups QP `qpn` is attached to (none once the engine
+    /// failed).
     pub(crate) fn groups_of(&self, qpn: u32) -> usize {
-        let st = self.lock();
-        st.groups.iter().filter(|g| g.qpns.contains(&qpn)).count()
+        self.locked(|st| st.groups.iter().filter(|g| g.qpns.contains(&qpn)).count())
+            .unwrap_or(0)
     }
 }
 

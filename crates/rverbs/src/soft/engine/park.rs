@@ -351,16 +351,17 @@ impl Engine {
         let pushed = self.pushed();
         // The socket, the bell, and the multicast groups' sockets.
         let mut fds: SmallVec<[RawFd; 4]> = SmallVec::new();
-        let deadline = {
-            let mut st = self.lock();
-            progress(&mut st, &self.mrs, Driver::Parking);
-            let Some(fd) = st.socket.as_ref().map(AsRawFd::as_raw_fd) else {
-                return Parked::No;
-            };
+        let pass = self.locked(|st| {
+            progress(st, &self.mrs, Driver::Parking);
+            let fd = st.socket.as_ref().map(AsRawFd::as_raw_fd)?;
             fds.push(fd);
             fds.push(self.bell.fd.as_fd().as_raw_fd());
-            fds.extend(multicast::raw_fds(&st));
-            next_deadline(&mut st)
+            fds.extend(multicast::raw_fds(st));
+            Some(next_deadline(st))
+        });
+        // No socket (the device is gone) or a failed engine: no sleep.
+        let Ok(Some(deadline)) = pass else {
+            return Parked::No;
         };
         let limit = now + PARK_LIMIT;
         let until = deadline.map_or(limit, |d| d.min(limit));

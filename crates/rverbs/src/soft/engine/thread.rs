@@ -3,8 +3,11 @@
 //! host's address changes), with the earliest timer as timeout; spins
 //! briefly while a stream arrives (as long as spinning pays, see `park`);
 //! and leaves the socket to an application thread that busy-polls a CQ.
+//! A panic on it fails the engine (see the parent module): it is caught at
+//! the thread's top, logged, and the device raises DEVICE_FATAL.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,7 +52,14 @@ impl Engine {
         let engine = self.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("rverbs-{name}"))
-            .spawn(move || engine_thread(&engine, watch));
+            .spawn(move || {
+                // A panic anywhere on the thread fails the engine (a lock
+                // it held is poisoned, so no one else uses the state).
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| engine_thread(&engine, watch)))
+                {
+                    engine.panicked(&*panic);
+                }
+            });
         if let Err(e) = spawned {
             tracing::error!("cannot start the engine thread: {e}");
             self.thread_started.store(false, Ordering::Release);
@@ -59,12 +69,26 @@ impl Engine {
     }
 }
 
+#[cfg(feature = "fault-injection")]
+thread_local! {
+    /// This thread is a device's engine thread (for injected panics).
+    static ON_ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a device's engine thread.
+#[cfg(feature = "fault-injection")]
+pub(super) fn on_engine_thread() -> bool {
+    ON_ENGINE_THREAD.with(std::cell::Cell::get)
+}
+
 fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
+    #[cfg(feature = "fault-injection")]
+    ON_ENGINE_THREAD.with(|on| on.set(true));
     let mrs = &*engine.mrs;
     // The thread's own handle on the socket: it stays open while the thread
     // sleeps on it, even if shutdown closes the engine's.
     let socket_fd: OwnedFd = {
-        let st = engine.lock();
+        let Ok(st) = engine.lock() else { return };
         match st.socket.as_ref().map(|s| s.as_fd().try_clone_to_owned()) {
             Some(Ok(fd)) => fd,
             _ => return,
@@ -84,7 +108,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
     // A change before the thread watched goes unnoticed otherwise.
     watch.on_ready();
     loop {
-        if engine.stopped.load(Ordering::Acquire) {
+        if engine.stopped.load(Ordering::Acquire) || engine.has_failed() {
             return;
         }
         // While an application busy-polls, it owns the socket and runs the
@@ -101,7 +125,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                     continue;
                 }
                 if engine.busy_polled_until(now).is_none() {
-                    let mut st = engine.lock();
+                    let Ok(mut st) = engine.lock() else { return };
                     st.thread_wakes_at = Some(now);
                     let before = st.stats.rx_recvs;
                     progress(&mut st, mrs, Driver::Engine);
@@ -145,7 +169,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                     // them is not on a core yet. This thread, with its short
                     // slice, gets on one at once: it makes the pass, so the
                     // ACKs the peer waits for leave now.
-                    let mut st = engine.lock();
+                    let Ok(mut st) = engine.lock() else { return };
                     progress(&mut st, mrs, Driver::Engine);
                 }
             }
@@ -153,7 +177,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
             continue;
         }
         let timer = {
-            let mut st = engine.lock();
+            let Ok(mut st) = engine.lock() else { return };
             let timer = next_deadline(&mut st);
             st.thread_wakes_at = timer;
             timer
@@ -161,7 +185,8 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         let timeout = timer.map(|t| TimeSpec::from_duration(t.saturating_duration_since(now)));
         let generation = engine.groups_changed.load(Ordering::SeqCst);
         if generation != groups_seen {
-            group_fds = multicast::sockets(&engine.lock());
+            let Ok(st) = engine.lock() else { return };
+            group_fds = multicast::sockets(&st);
             groups_seen = generation;
         }
         let mut fds: SmallVec<[PollFd<'_>; 4]> = SmallVec::new();
@@ -195,7 +220,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
             // An application polls (again): it makes the progress.
             continue;
         }
-        let mut st = engine.lock();
+        let Ok(mut st) = engine.lock() else { return };
         // Awake: it looks at the timers again before it sleeps.
         st.thread_wakes_at = Some(now);
         let before = st.stats.rx_recvs;
