@@ -2191,7 +2191,7 @@ fn soak_two_namespaces() {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!();
     println!(
-        "==== soak summary: {} s of traffic, {pairs} pairs x {} QPs, {loss}% loss into namespace b ====",
+        "==== soak summary: {} s in all ({secs} s of rounds), {pairs} pairs x {} QPs, {loss}% loss into namespace b ====",
         t0.elapsed().as_secs(),
         traffic.qps
     );
