@@ -1680,6 +1680,24 @@ impl QpStream {
     }
 }
 
+/// The first completion of `cq` with an error other than a flush: why a
+/// QP whose receives were flushed went to ERROR.
+fn first_send_error(cq: &CompletionQueue) -> Option<WorkCompletion> {
+    let mut wcs = [WorkCompletion::default(); 64];
+    loop {
+        let k = cq.poll(&mut wcs).ok()?;
+        if k == 0 {
+            return None;
+        }
+        let bad = wcs[..k]
+            .iter()
+            .find(|wc| !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr));
+        if let Some(wc) = bad {
+            return Some(*wc);
+        }
+    }
+}
+
 fn mr_sge(mr: &MemoryRegion, offset: usize, len: usize) -> Sge {
     Sge {
         addr: mr.iova() + offset as u64,
@@ -1920,6 +1938,13 @@ fn namespace_peer(role: &str, traffic: &Traffic) {
             busy |= k > 0;
             let k = recv_cq.poll(&mut wcs).unwrap();
             for wc in &wcs[..k] {
+                if wc.status != WcStatus::Success {
+                    panic!(
+                        "{role}: receive completion {wc:?}; the first failed send completion: {:?}\n{}",
+                        first_send_error(&send_cq),
+                        describe(&streams)
+                    );
+                }
                 let q = *by_qpn
                     .get(&wc.qp_num)
                     .unwrap_or_else(|| panic!("{role}: a completion of no QP of ours: {wc:?}"));
@@ -2043,7 +2068,7 @@ const SOAK_QPS: &str = "RVERBS_SOAK_QPS";
 const SOAK_PAIRS: &str = "RVERBS_SOAK_PAIRS";
 /// Percent of the RoCE packets entering namespace b dropped (default 3).
 const SOAK_LOSS: &str = "RVERBS_SOAK_LOSS";
-/// MiB a peer's RSS may grow after the warm-up (default 16).
+/// MiB a peer's RSS may grow after the warm-up (default 4).
 const SOAK_RSS_SLACK_MIB: &str = "RVERBS_SOAK_RSS_SLACK_MIB";
 /// Messages each QP sends per round.
 const SOAK_ROUND: u64 = 250;
@@ -2094,7 +2119,15 @@ fn soak_two_namespaces() {
     let secs = traffic.duration.unwrap().as_secs();
     let pairs: usize = env_or(SOAK_PAIRS, 2);
     let loss: u32 = env_or(SOAK_LOSS, 3);
-    let slack_kib: u64 = env_or(SOAK_RSS_SLACK_MIB, 16) << 10;
+    assert!(
+        (1..=99).contains(&loss),
+        "{SOAK_LOSS}={loss}: 1 to 99 percent (nft's random mod 100 < N)"
+    );
+    assert!(
+        pairs >= 1 && traffic.qps >= 1,
+        "at least one pair and one QP"
+    );
+    let slack_kib: u64 = env_or(SOAK_RSS_SLACK_MIB, 4) << 10;
     let (ip, nft) = netns_tools().unwrap_or_else(|missing| panic!("{TEST_SOAK} needs {missing}"));
     let nets = LossyNamespaces::new(&ip, &nft, "rvsk", pairs, loss);
     println!(
@@ -2191,7 +2224,7 @@ fn soak_two_namespaces() {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!();
     println!(
-        "==== soak summary: {} s in all ({secs} s of rounds), {pairs} pairs x {} QPs, {loss}% loss into namespace b ====",
+        "==== soak summary: {} s in all ({secs} s asked), {pairs} pairs x {} QPs, {loss}% loss into namespace b ====",
         t0.elapsed().as_secs(),
         traffic.qps
     );
