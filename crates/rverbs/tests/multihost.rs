@@ -14,6 +14,12 @@
 //!   requests) and fetch-adds that must apply exactly once. Needs root,
 //!   `ip` (iproute2) and `nft` (nftables); without them it is skipped, unless
 //!   `CI` is set.
+//! - `soak_two_namespaces`: `scripts/soak`'s long run of the same traffic,
+//!   on many QPs per process (sharing its CQs and MR) and several process
+//!   pairs, each process on its own veth address, in rounds until
+//!   `RVERBS_SOAK_SECS` passed, with progress lines, RSS samples and a
+//!   summary. Without `RVERBS_SOAK_SECS` (under `cargo test`) it does
+//!   nothing.
 //!
 //! The test binary is its own peer (as `processes.rs` is): a test runs
 //! `<this binary> --exact <test> --nocapture` with `RVERBS_MULTIHOST_ROLE`
