@@ -24,6 +24,7 @@ use crate::soft::memory::{MrCore, MrState, MrTable, Region};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, Sge, WrOpcode};
 
+mod rd_atomic;
 mod unsent;
 
 const PD: u64 = 7;
@@ -455,7 +456,11 @@ enum Outcome {
 /// order; and if the requester gave up, it was with RETRY_EXC_ERR followed
 /// by flushes.
 fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) {
-    let mut sim = Sim::new(seed, faults);
+    mixed_traffic_in(Sim::new(seed, faults), seed, count)
+}
+
+/// [`mixed_traffic`] over `sim` as it was built (its configurations and faults).
+fn mixed_traffic_in(mut sim: Sim, seed: u64, count: usize) -> (Sim, Outcome) {
     let mut rng = Rng::new(seed ^ 0xabcdef);
     // Each side's 2 MiB MR holds 4 KiB slots per message in separate areas:
     // A: sources [0, 512K), READ targets [512K, 1M), atomic results [1M, …);
@@ -579,6 +584,9 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
 
     let a = &sim.sides[0];
     let b = &sim.sides[1];
+    // A requester within its max_rd_atomic never exceeds the responder's
+    // resources, whatever the link did.
+    assert_eq!(b.qp.counters.rd_atomic_over_limit, 0, "seed {seed}");
     // One completion per WR, in order.
     let ids: Vec<u64> = a.sends.iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, (0..count as u64).collect::<Vec<_>>(), "seed {seed}");

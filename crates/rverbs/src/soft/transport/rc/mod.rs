@@ -145,6 +145,11 @@ pub(crate) struct RcCounters {
     /// (after a loss): the first of a gap is answered with one sequence
     /// NAK, it and the rest are dropped until the missing PSN comes.
     pub(crate) out_of_sequence: u64,
+    /// READ and atomic requests refused (NAK invalid request, the QP to
+    /// ERR) for exceeding this responder's resources: a new one while the
+    /// oldest of `max_dest_rd_atomic` is still being answered, or any when
+    /// `max_dest_rd_atomic` is 0. Also counted in `fatal_naks_sent`.
+    pub(crate) rd_atomic_over_limit: u64,
 }
 
 impl RcCounters {
@@ -163,6 +168,7 @@ impl RcCounters {
         self.uc_access_refused += other.uc_access_refused;
         self.acks_for_unsent += other.acks_for_unsent;
         self.out_of_sequence += other.out_of_sequence;
+        self.rd_atomic_over_limit += other.rd_atomic_over_limit;
     }
 }
 
@@ -210,6 +216,13 @@ impl RcQp {
     /// (access flags, timers, retry counts).
     pub(crate) fn config_mut(&mut self) -> &mut RcConfig {
         &mut self.cfg
+    }
+
+    /// Responses (ACKs, NAKs, READ response streams, atomic ACKs) owed
+    /// and not yet sent.
+    #[cfg(test)]
+    pub(crate) fn responses_owed(&self) -> usize {
+        self.resp.responses_owed()
     }
 
     /// The QP state.
