@@ -225,6 +225,27 @@ impl RcQp {
         self.resp.responses_owed()
     }
 
+    /// The PSN the responder takes a new request at (the simulator's
+    /// buggy peer withholds wrong requests there: nothing could tell them
+    /// from genuine ones).
+    #[cfg(test)]
+    pub(crate) fn expected_request_psn(&self) -> Psn {
+        self.resp.epsn
+    }
+
+    /// The PSN whose READ response or atomic ACK the completer would place
+    /// next in local memory, if it waits for one: that of the first READ or
+    /// atomic not done (a response acknowledges the requests before it).
+    #[cfg(test)]
+    pub(crate) fn placing_psn(&self) -> Option<Psn> {
+        let e = self
+            .req
+            .sq
+            .iter()
+            .find(|e| e.status.is_none() && e.is_rd_atomic())?;
+        Some(e.resume_psn())
+    }
+
     /// The QP state.
     pub(crate) fn state(&self) -> QpState {
         self.state
@@ -414,6 +435,15 @@ impl RcQp {
             self.rewind();
             self.comp.fast_backoff = (self.comp.fast_backoff + 1).min(10);
             self.comp.fast_rto_at = Some(now + self.fast_rto());
+        }
+        if let Some(rnr_end) = self.req.rnr_until {
+            // Waiting out an RNR NAK, the adaptive timer (armed by progress
+            // made meanwhile: a READ response that came late) waits with
+            // it; left in the past, it kept the QP's next timer due, and
+            // whoever drives the timers spun until the wait ended.
+            if self.comp.fast_rto_at.is_some_and(|t| t <= now) {
+                self.comp.fast_rto_at = Some(rnr_end);
+            }
         }
     }
 }

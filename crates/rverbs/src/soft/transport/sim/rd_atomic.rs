@@ -258,6 +258,7 @@ fn honest_requesters_at_the_responders_limit_are_never_refused() {
             duplicate: 0.1,
             reorder: 0.2,
             corrupt: 0.0,
+            forge: 0.0,
         };
         let mut a = config(QPN[0], QPN[1]);
         a.max_rd_atomic = 1;
@@ -267,5 +268,93 @@ fn honest_requesters_at_the_responders_limit_are_never_refused() {
         let (sim, outcome) = mixed_traffic_in(sim, seed, 40);
         assert_eq!(outcome, Outcome::Completed, "seed {seed}");
         assert_eq!(sim.sides[1].qp.counters.rd_atomic_over_limit, 0);
+    }
+}
+
+#[test]
+fn a_duplicated_sequence_nak_spends_one_retry() {
+    // A's first SEND is lost: B answers the next two with one NAK sequence
+    // error, which the link duplicates. With retry_cnt 1 the copy must not
+    // spend a second retry: it names the PSN A already went back to, with
+    // no progress since — the same loss, not a new one.
+    let mut a = config(QPN[0], QPN[1]);
+    a.retry_cnt = 1;
+    let mut sim = Sim::with_configs(1, LinkFaults::CLEAN, a, config(QPN[1], QPN[0]));
+    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    for k in 0..3u64 {
+        sim.sides[1]
+            .qp
+            .post_recv(super::recv_wqe(100 + k, b_key, b_base + k * 64, 64));
+        sim.sides[0]
+            .qp
+            .post_send(send_wqe(k, WrOpcode::Send, a_key, a_base, 16));
+    }
+    let sent = sim.take_packets(0);
+    assert_eq!(sent.len(), 3);
+    sim.hand_over(1, &sent[1]);
+    sim.hand_over(1, &sent[2]);
+    let nak = sim.take_packets(1);
+    assert_eq!(nak.len(), 1, "one NAK for the gap");
+    sim.hand_over(0, &nak[0]);
+    sim.hand_over(0, &nak[0]);
+    assert_eq!(sim.sides[0].qp.counters.seq_naks_received, 2);
+    assert_eq!(
+        sim.sides[0].qp.state(),
+        QpState::Rts,
+        "{:?}",
+        sim.sides[0].sends
+    );
+    sim.run(Duration::from_secs(5));
+    let statuses: Vec<WcStatus> = sim.sides[0].sends.iter().map(|w| w.status).collect();
+    assert_eq!(statuses, vec![WcStatus::Success; 3]);
+    assert_eq!(sim.sides[1].recvs.len(), 3);
+}
+
+#[test]
+fn an_rnr_wait_leaves_no_timer_in_the_past() {
+    // Found by the buggy peer: A READs, then SENDs; B answers the READ and
+    // has no receive WR for the SEND (RNR NAK, 655 ms). The RNR NAK
+    // overtakes the READ response, which then completes the READ: that
+    // progress armed the adaptive timer, which may not fire during the RNR
+    // wait — and stayed in the past, so the QP's next timer was always
+    // due: the engine would spin (the simulator crawled in 1 ns steps).
+    let mut b = config(QPN[1], QPN[0]);
+    b.min_rnr_timer = rverbs_wire::RnrTimer::new(0);
+    let mut sim = Sim::with_configs(1, LinkFaults::CLEAN, config(QPN[0], QPN[1]), b);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    let read = WrOpcode::RdmaRead {
+        remote_addr: b_base,
+        rkey: b_key,
+    };
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(0, read, a_key, a_base, 64));
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(1, WrOpcode::Send, a_key, a_base + 64, 16));
+    for p in sim.take_packets(0) {
+        sim.hand_over(1, &p);
+    }
+    let answers = sim.take_packets(1);
+    assert_eq!(answers.len(), 2, "a READ response and an RNR NAK");
+    sim.hand_over(0, &answers[1]);
+    sim.hand_over(0, &answers[0]);
+    assert_eq!(sim.sides[0].sends.len(), 1, "the READ completed");
+    for _ in 0..100 {
+        sim.now += Duration::from_millis(5);
+        let now = sim.now;
+        let qp = &mut sim.sides[0].qp;
+        if qp.next_timeout().is_some_and(|t| t <= now) {
+            qp.handle_timeout(now);
+        }
+        let next = qp.next_timeout();
+        assert!(
+            next.is_none_or(|t| t > now),
+            "a timer {:?} in the past at {:?}",
+            next.map(|t| now - t),
+            now - sim.start
+        );
     }
 }
