@@ -107,6 +107,12 @@ counters_struct! {
         /// with one sequence NAK (`seq_naks_sent`), and it and the rest are
         /// dropped until the missing PSN comes.
         pub out_of_sequence: u64,
+        /// RC READ and atomic requests refused with NAK invalid request (the
+        /// QP goes to ERR) for exceeding the responder's resources: a new one
+        /// while the oldest of the QP's `max_dest_rd_atomic` is still being
+        /// answered — the peer has more outstanding than we offered — or any
+        /// when `max_dest_rd_atomic` is 0. Also counted in `fatal_naks_sent`.
+        pub rd_atomic_over_limit: u64,
         /// UD packets dropped for a Q_Key that did not match the QP's.
         pub qkey_violations: u64,
         /// UD packets dropped because their QP had no receive WR posted.
@@ -130,6 +136,7 @@ impl NetStats {
             uc_access_refused,
             acks_for_unsent,
             out_of_sequence,
+            rd_atomic_over_limit,
         } = *c;
         self.retransmitted += retransmitted;
         self.timeouts += timeouts;
@@ -144,6 +151,7 @@ impl NetStats {
         self.uc_access_refused += uc_access_refused;
         self.acks_for_unsent += acks_for_unsent;
         self.out_of_sequence += out_of_sequence;
+        self.rd_atomic_over_limit += rd_atomic_over_limit;
     }
 
     /// Counts a packet a QP's transport dropped unread.

@@ -24,6 +24,10 @@ use crate::soft::memory::{MrCore, MrState, MrTable, Region};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, Sge, WrOpcode};
 
+mod buggy_peer;
+mod rd_atomic;
+
+use buggy_peer::Forgery;
 mod unsent;
 
 const PD: u64 = 7;
@@ -58,6 +62,10 @@ struct LinkFaults {
     /// Chance a packet is held back by up to `max_delay_us` extra (reordering).
     reorder: f64,
     corrupt: f64,
+    /// Chance the sender — a buggy peer — also sends a well-formed but
+    /// wrong packet made from this one (valid ICRC, parses fine: see
+    /// [`buggy_peer`]).
+    forge: f64,
 }
 
 impl LinkFaults {
@@ -66,6 +74,7 @@ impl LinkFaults {
         duplicate: 0.0,
         reorder: 0.0,
         corrupt: 0.0,
+        forge: 0.0,
     };
 }
 
@@ -74,6 +83,8 @@ struct InFlight {
     seq: u64,
     to: usize,
     bytes: Vec<u8>,
+    /// A buggy peer's wrong packet, and of what kind.
+    forgery: Option<Forgery>,
 }
 
 impl PartialEq for InFlight {
@@ -120,6 +131,11 @@ struct Sim {
     now: Instant,
     icrc_drops: u64,
     delivered: u64,
+    /// Wrong packets a buggy peer sent.
+    forged: u64,
+    /// Of those, lies withheld because the receiver could not have told
+    /// them from the genuine packet (see [`buggy_peer`]).
+    lies_withheld: u64,
     /// The BTH opcode of every packet each side transmitted, before the
     /// link's faults (lost ones too).
     tx_opcodes: [Vec<u8>; 2],
@@ -214,6 +230,8 @@ impl Sim {
             now: start,
             icrc_drops: 0,
             delivered: 0,
+            forged: 0,
+            lies_withheld: 0,
             tx_opcodes: [Vec::new(), Vec::new()],
         }
     }
@@ -237,7 +255,14 @@ impl Sim {
         icrc::fill(&ip, &udp, &mut bytes).unwrap();
         self.tx_opcodes[from].push(bytes[0]);
         let f = self.faults[from];
-        if self.mute[from] || self.rng.chance(f.loss) {
+        if self.mute[from] {
+            return;
+        }
+        // (No random draw without a buggy peer: honest seeds stay as they were.)
+        if f.forge > 0.0 && self.rng.chance(f.forge) {
+            self.send_forgery(from, &bytes);
+        }
+        if self.rng.chance(f.loss) {
             return;
         }
         if self.rng.chance(f.corrupt) {
@@ -256,6 +281,7 @@ impl Sim {
                 seq: self.seq,
                 to: 1 - from,
                 bytes: bytes.clone(),
+                forgery: None,
             });
         }
     }
@@ -273,6 +299,10 @@ impl Sim {
         let Ok(p) = PacketRepr::parse(&pkt.bytes) else {
             panic!("a packet with a good ICRC must parse")
         };
+        if pkt.forgery == Some(Forgery::Lie) && self.indistinguishable(&p, pkt.to) {
+            self.lies_withheld += 1;
+            return;
+        }
         self.delivered += 1;
         let side = &mut self.sides[pkt.to];
         // A QP that went to ERR drops what still arrives; the contract
@@ -446,6 +476,9 @@ enum Outcome {
     Completed,
     /// The link lost so much that WR `at` ran out of retries (RETRY_EXC_ERR).
     GaveUp { at: usize },
+    /// WR `at` failed with `status`, another error: only a buggy peer's
+    /// wrong packets may cause that (see [`buggy_peer`]).
+    Failed { at: usize, status: WcStatus },
 }
 
 /// A mix of SENDs (with and without immediate), RDMA WRITEs, READs and
@@ -453,9 +486,17 @@ enum Outcome {
 /// completions one per WR and in order; every WR that completed successfully
 /// took effect exactly once, intact; nothing took effect twice or out of
 /// order; and if the requester gave up, it was with RETRY_EXC_ERR followed
-/// by flushes.
+/// by flushes. With a buggy peer ([`LinkFaults::forge`]) the requester may
+/// also fail with another error, an ACK's lie may complete a SEND or WRITE
+/// that never arrived, and either side may end in ERR; but a READ or
+/// atomic that succeeded holds exactly the peer's bytes, and no buffer
+/// ever holds a byte no genuine packet carried.
 fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) {
-    let mut sim = Sim::new(seed, faults);
+    mixed_traffic_in(Sim::new(seed, faults), seed, count)
+}
+
+/// [`mixed_traffic`] over `sim` as it was built (its configurations and faults).
+fn mixed_traffic_in(mut sim: Sim, seed: u64, count: usize) -> (Sim, Outcome) {
     let mut rng = Rng::new(seed ^ 0xabcdef);
     // Each side's 2 MiB MR holds 4 KiB slots per message in separate areas:
     // A: sources [0, 512K), READ targets [512K, 1M), atomic results [1M, …);
@@ -577,8 +618,12 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
     }
     sim.run(Duration::from_secs(600));
 
+    let buggy = sim.faults.iter().any(|f| f.forge > 0.0);
     let a = &sim.sides[0];
     let b = &sim.sides[1];
+    // A requester within its max_rd_atomic never exceeds the responder's
+    // resources, whatever the link did.
+    assert_eq!(b.qp.counters.rd_atomic_over_limit, 0, "seed {seed}");
     // One completion per WR, in order.
     let ids: Vec<u64> = a.sends.iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, (0..count as u64).collect::<Vec<_>>(), "seed {seed}");
@@ -588,9 +633,13 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
         .take_while(|w| w.status == WcStatus::Success)
         .count();
     let outcome = if ok == count {
-        assert_eq!(a.qp.state(), QpState::Rts, "seed {seed}");
+        assert!(
+            a.qp.state() == QpState::Rts || buggy,
+            "seed {seed}: {:?}",
+            a.qp.state()
+        );
         Outcome::Completed
-    } else {
+    } else if !buggy {
         // The only failure a lossy link may cause: retries ran out.
         assert_eq!(
             a.sends[ok].status,
@@ -606,6 +655,29 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
         );
         assert_eq!(a.qp.state(), QpState::Err);
         Outcome::GaveUp { at: ok }
+    } else {
+        // One WR failed with an error (those before it that were still in
+        // flight may be flushed first), the rest were flushed.
+        let errors: Vec<(usize, WcStatus)> = a.sends[ok..]
+            .iter()
+            .enumerate()
+            .map(|(k, w)| (ok + k, w.status))
+            .filter(|&(_, st)| st != WcStatus::WrFlushErr)
+            .collect();
+        assert!(errors.len() <= 1, "seed {seed}: {errors:?}");
+        assert!(
+            errors.iter().all(|&(_, st)| st != WcStatus::Success),
+            "seed {seed}: a success after a failure: {errors:?}"
+        );
+        assert_eq!(a.qp.state(), QpState::Err, "seed {seed}");
+        match errors.first() {
+            Some(&(at, WcStatus::RetryExcErr)) => Outcome::GaveUp { at },
+            Some(&(at, status)) => Outcome::Failed { at, status },
+            None => Outcome::Failed {
+                at: ok,
+                status: WcStatus::WrFlushErr,
+            },
+        }
     };
     let read = |mem: &MrTable, key, addr, len| {
         let mut got = vec![0u8; len];
@@ -617,12 +689,25 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
         .filter(|&i| matches!(expect[i], Expect::Recv { .. }))
         .collect();
     let must_recv = recv_msgs.iter().filter(|&&i| i < ok).count();
+    // Receive WRs complete in order; a buggy peer's run may end with B in
+    // ERR, flushing the rest (posted one per message, SENDs or not).
+    let received = b
+        .recvs
+        .iter()
+        .take_while(|(wc, _)| wc.status == WcStatus::Success)
+        .count();
     assert!(
-        b.recvs.len() >= must_recv && b.recvs.len() <= recv_msgs.len(),
-        "seed {seed}: {} receives",
-        b.recvs.len()
+        b.recvs[received..]
+            .iter()
+            .all(|(wc, _)| wc.status == WcStatus::WrFlushErr && buggy),
+        "seed {seed}: receive completions {:?}",
+        b.recvs.iter().map(|(wc, _)| wc.status).collect::<Vec<_>>()
     );
-    for (k, (wc, se)) in b.recvs.iter().enumerate() {
+    assert!(
+        (received >= must_recv || buggy) && received <= recv_msgs.len(),
+        "seed {seed}: {received} receives"
+    );
+    for (k, (wc, se)) in b.recvs[..received].iter().enumerate() {
         let i = recv_msgs[k];
         let Expect::Recv {
             data,
@@ -657,18 +742,25 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
             Expect::Recv { .. } => {}
             Expect::Write { addr, data } => {
                 let got = read(&b.mem, b_key, *addr, data.len());
-                if i < ok {
+                if i < ok && !buggy {
                     assert_eq!(&got, data, "seed {seed} msg {i}: RDMA WRITE");
                 }
+                // Never a byte no genuine packet carried (the target was 0).
+                assert!(
+                    got.iter().zip(data).all(|(g, d)| g == d || *g == 0),
+                    "seed {seed} msg {i}: RDMA WRITE placed fabricated bytes"
+                );
             }
             Expect::Read { addr, data } => {
+                let got = read(&a.mem, a_key, *addr, data.len());
                 if i < ok {
-                    assert_eq!(
-                        &read(&a.mem, a_key, *addr, data.len()),
-                        data,
-                        "seed {seed} msg {i}: RDMA READ"
-                    );
+                    assert_eq!(&got, data, "seed {seed} msg {i}: RDMA READ");
                 }
+                // Unfinished, it holds some of the peer's bytes at most.
+                assert!(
+                    got.iter().zip(data).all(|(g, d)| g == d || *g == 0),
+                    "seed {seed} msg {i}: RDMA READ placed fabricated bytes"
+                );
             }
             Expect::Add {
                 counter,
@@ -691,6 +783,12 @@ fn mixed_traffic(seed: u64, faults: LinkFaults, count: usize) -> (Sim, Outcome) 
                     assert!(
                         value == 0 || value == *add,
                         "seed {seed} msg {i}: at most once"
+                    );
+                    // The genuine original value is 0, as the buffer was.
+                    assert_eq!(
+                        read(&a.mem, a_key, *result, 8),
+                        [0; 8],
+                        "seed {seed} msg {i}: a fabricated original value"
                     );
                 }
             }
@@ -722,6 +820,7 @@ fn many_seeds_of_loss_duplication_reordering_and_corruption() {
             duplicate: 0.05,
             reorder: 0.1,
             corrupt: 0.02,
+            forge: 0.0,
         };
         let (sim, outcome) = mixed_traffic(seed, faults, 40);
         corrupted += sim.icrc_drops;
@@ -747,6 +846,7 @@ fn twenty_percent_loss_both_ways() {
             duplicate: 0.0,
             reorder: 0.0,
             corrupt: 0.0,
+            forge: 0.0,
         };
         gave_up += u32::from(mixed_traffic(seed, faults, 80).1 != Outcome::Completed);
     }
@@ -974,12 +1074,14 @@ fn duplicated_atomics_execute_once_and_reads_replay() {
         duplicate: 0.3,
         reorder: 0.3,
         corrupt: 0.0,
+        forge: 0.0,
     };
     sim.faults[0] = LinkFaults {
         loss: 0.0,
         duplicate: 0.5,
         reorder: 0.3,
         corrupt: 0.0,
+        forge: 0.0,
     };
     let (a_key, a_base) = register(&sim.sides[0].mem, 1 << 16, all_access());
     let (b_key, b_base) = register(&sim.sides[1].mem, 1 << 16, all_access());
@@ -1034,6 +1136,7 @@ fn a_large_read_is_asked_for_in_chunks_and_survives_loss() {
             duplicate: 0.01,
             reorder: 0.05,
             corrupt: 0.0,
+            forge: 0.0,
         };
         let mut sim = Sim::new(seed, faults);
         let (a_key, a_base) = register(&sim.sides[0].mem, LEN, all_access());
@@ -1129,6 +1232,7 @@ fn many_pipelined_reads_survive_loss() {
             duplicate: 0.0,
             reorder: 0.02,
             corrupt: 0.0,
+            forge: 0.0,
         };
         let mut a = config(0x11, 0x22);
         a.max_rd_atomic = 8;
@@ -1809,6 +1913,7 @@ fn uc_under_loss_delivers_whole_messages_in_order_or_not_at_all() {
             duplicate: 0.05,
             reorder: 0.1,
             corrupt: 0.02,
+            forge: 0.0,
         };
         let t = uc_traffic(seed, faults, seed % 2 == 1);
         total.sent += t.sent;
@@ -2112,6 +2217,7 @@ fn rc_on_shared_receive_queues_delivers_exactly_once_and_fires_the_limit_once() 
             duplicate: 0.05,
             reorder: 0.1,
             corrupt: 0.02,
+            forge: 0.0,
         };
         let mut sim = Sim::new(seed, faults);
         let mut rng = Rng::new(seed ^ 0x7777);

@@ -172,6 +172,15 @@ impl RcQp {
                             // Waiting out an RNR NAK, which goes back anyway.
                             return;
                         }
+                        // The responder NAKs a gap once, and again only after
+                        // the missing PSN came (then at a later PSN): one at
+                        // the PSN already gone back to, with no progress
+                        // since, is a copy — the link duplicated or delayed
+                        // it — and spends no second retry.
+                        if self.req.seq_nak_at == Some(psn) {
+                            return;
+                        }
+                        self.req.seq_nak_at = Some(psn);
                         if self.comp.retry_left == 0 {
                             self.fail_head(WcStatus::RetryExcErr);
                             return;
@@ -341,6 +350,7 @@ impl RcQp {
         self.req.cwnd.on_ack(self.comp.una.distance_to(una), una);
         self.comp.una = una;
         self.req.read_rewound_at = None;
+        self.req.seq_nak_at = None;
         if self.req.tx_psn.is_before(una) {
             self.req.tx_psn = una;
         }

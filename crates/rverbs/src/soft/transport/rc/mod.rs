@@ -145,6 +145,11 @@ pub(crate) struct RcCounters {
     /// (after a loss): the first of a gap is answered with one sequence
     /// NAK, it and the rest are dropped until the missing PSN comes.
     pub(crate) out_of_sequence: u64,
+    /// READ and atomic requests refused (NAK invalid request, the QP to
+    /// ERR) for exceeding this responder's resources: a new one while the
+    /// oldest of `max_dest_rd_atomic` is still being answered, or any when
+    /// `max_dest_rd_atomic` is 0. Also counted in `fatal_naks_sent`.
+    pub(crate) rd_atomic_over_limit: u64,
 }
 
 impl RcCounters {
@@ -163,6 +168,7 @@ impl RcCounters {
         self.uc_access_refused += other.uc_access_refused;
         self.acks_for_unsent += other.acks_for_unsent;
         self.out_of_sequence += other.out_of_sequence;
+        self.rd_atomic_over_limit += other.rd_atomic_over_limit;
     }
 }
 
@@ -210,6 +216,34 @@ impl RcQp {
     /// (access flags, timers, retry counts).
     pub(crate) fn config_mut(&mut self) -> &mut RcConfig {
         &mut self.cfg
+    }
+
+    /// Responses (ACKs, NAKs, READ response streams, atomic ACKs) owed
+    /// and not yet sent.
+    #[cfg(test)]
+    pub(crate) fn responses_owed(&self) -> usize {
+        self.resp.responses_owed()
+    }
+
+    /// The PSN the responder takes a new request at (the simulator's
+    /// buggy peer withholds wrong requests there: nothing could tell them
+    /// from genuine ones).
+    #[cfg(test)]
+    pub(crate) fn expected_request_psn(&self) -> Psn {
+        self.resp.epsn
+    }
+
+    /// The PSN whose READ response or atomic ACK the completer would place
+    /// next in local memory, if it waits for one: that of the first READ or
+    /// atomic not done (a response acknowledges the requests before it).
+    #[cfg(test)]
+    pub(crate) fn placing_psn(&self) -> Option<Psn> {
+        let e = self
+            .req
+            .sq
+            .iter()
+            .find(|e| e.status.is_none() && e.is_rd_atomic())?;
+        Some(e.resume_psn())
     }
 
     /// The QP state.
@@ -401,6 +435,15 @@ impl RcQp {
             self.rewind();
             self.comp.fast_backoff = (self.comp.fast_backoff + 1).min(10);
             self.comp.fast_rto_at = Some(now + self.fast_rto());
+        }
+        if let Some(rnr_end) = self.req.rnr_until {
+            // Waiting out an RNR NAK, the adaptive timer (armed by progress
+            // made meanwhile: a READ response that came late) waits with
+            // it; left in the past, it kept the QP's next timer due, and
+            // whoever drives the timers spun until the wait ended.
+            if self.comp.fast_rto_at.is_some_and(|t| t <= now) {
+                self.comp.fast_rto_at = Some(rnr_end);
+            }
         }
     }
 }

@@ -172,6 +172,9 @@ pub(super) struct RequesterState {
     pub(super) rnr_until: Option<Instant>,
     /// The resume PSN of the last go-back for a lost READ response.
     pub(super) read_rewound_at: Option<Psn>,
+    /// The PSN of the last NAK sequence error acted on, until progress: a
+    /// copy of it (duplicated or late) is the same loss, not a new one.
+    pub(super) seq_nak_at: Option<Psn>,
     /// In SQD: report SQ_DRAINED once the send queue is empty.
     pub(super) notify_drained: bool,
     /// The most packets the device lets this QP have in flight now (its
@@ -193,6 +196,7 @@ impl RequesterState {
             cwnd: CongestionWindow::new(cfg.max_window),
             rnr_until: None,
             read_rewound_at: None,
+            seq_nak_at: None,
             notify_drained: false,
             window_cap: u32::MAX,
         }

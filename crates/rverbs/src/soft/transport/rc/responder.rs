@@ -5,6 +5,29 @@
 //! refuses what it must; its output is what that owes the peer — ACKs
 //! (coalesced, a plain one possibly held back), NAKs, READ response
 //! streams and atomic ACKs — written by [`RcQp::transmit_response`].
+//!
+//! What a peer can make it owe is bounded, whatever the peer's send rate
+//! and whether or not it takes the responses:
+//!
+//! - a new READ or atomic takes one of `max_dest_rd_atomic` resources. When
+//!   all are held, the oldest is recycled (as rxe does) — unless its first
+//!   answer is still owed: then the peer has more READs and atomics
+//!   outstanding than we offered, and the request is refused as an invalid
+//!   request (NAK, QP_REQ_ERR, ERR; counted as `rd_atomic_over_limit`).
+//!   Replays of a recycled resource still owed are dropped with it: a
+//!   requester within its limit has finished with the oldest before it
+//!   asks for more;
+//! - a duplicate READ or atomic is answered from its resource and replaces
+//!   that resource's answer still owed, so each resource has at most one
+//!   response in the queue, and a duplicate's lookups scan at most the
+//!   resources and that queue;
+//! - plain ACKs, sequence NAKs and RNR NAKs report where the responder
+//!   stands, and a newer report replaces the ones at the back of the
+//!   queue it supersedes (a NAK at PSN p also acknowledges everything
+//!   before p), so at most two sit between two READ or atomic answers.
+//!
+//! So the queue holds at most `max_dest_rd_atomic` READ/atomic answers,
+//! two reports before, between and after them, and a final NAK.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -81,12 +104,56 @@ enum Response {
         rkey: u32,
         len: u32,
         msn: u32,
+        /// An answer to a duplicate, not the READ's first.
+        replay: bool,
     },
     Atomic {
         psn: Psn,
         orig: u64,
         msn: u32,
+        /// An answer to a duplicate, not the atomic's first.
+        replay: bool,
     },
+}
+
+impl Response {
+    /// Whether this is a READ's or atomic's first answer.
+    fn is_first_answer(&self) -> bool {
+        matches!(
+            self,
+            Response::Read { replay: false, .. } | Response::Atomic { replay: false, .. }
+        )
+    }
+
+    /// Whether this only reports where the responder stands: a plain ACK,
+    /// a sequence NAK or an RNR NAK, at PSN `psn`.
+    fn report_psn(&self) -> Option<Psn> {
+        match *self {
+            Response::Ack { psn, .. } => Some(psn),
+            Response::Nak {
+                psn,
+                syndrome: Syndrome::Nak(NakCode::PsnSequenceError) | Syndrome::RnrNak(_),
+                ..
+            } => Some(psn),
+            _ => None,
+        }
+    }
+}
+
+impl Resource {
+    /// Whether `r` is (part of) this resource's answer.
+    fn answered_by(&self, r: &Response) -> bool {
+        match (*self, *r) {
+            (
+                Resource::Read {
+                    first_psn, npkts, ..
+                },
+                Response::Read { first_psn: p, .. },
+            ) => first_psn.distance_to(p) < npkts,
+            (Resource::Atomic { psn, .. }, Response::Atomic { psn: p, .. }) => p == psn,
+            _ => false,
+        }
+    }
 }
 
 /// Why a responder refuses a request.
@@ -94,6 +161,10 @@ enum Response {
 enum Refusal {
     /// Malformed or unsupported request: NAK invalid request, QP_REQ_ERR.
     InvalidRequest,
+    /// A READ or atomic beyond the responder's resources: an invalid
+    /// request too (IBTA's class B, rxe's "too many RDMA/atomic
+    /// requests"), counted apart.
+    TooManyRdAtomic,
     /// Key, bounds, rights or PD: NAK remote access error, QP_ACCESS_ERR.
     Access,
     /// The receive WR cannot take the message: it completes with `status`
@@ -120,7 +191,9 @@ pub(super) struct ResponderState {
     msn: u32,
     rq: RecvQueue,
     inbound: Option<Inbound>,
+    /// Saved READs and atomics, oldest first: at most `max_dest_rd_atomic`.
     resources: VecDeque<Resource>,
+    /// What is owed, in order (bounded: see the module docs).
     responses: VecDeque<Response>,
     /// A plain ACK held back (see [`AckPolicy::Hold`](super::AckPolicy::Hold))
     /// goes out by then.
@@ -240,7 +313,7 @@ impl RcQp {
                 self.resp.responses.pop_front();
                 p.emit(tx.bytes).ok()?
             }
-            Response::Atomic { psn, orig, msn } => {
+            Response::Atomic { psn, orig, msn, .. } => {
                 p.bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
                 p.bth.psn = psn;
                 p.aeth = Some(AethRepr {
@@ -259,6 +332,7 @@ impl RcQp {
                 rkey,
                 len,
                 msn,
+                ..
             } => {
                 let mtu = self.cfg.mtu;
                 let pos = position(k, npkts);
@@ -334,11 +408,8 @@ impl RcQp {
                 if !self.resp.nak_seq_sent {
                     self.resp.nak_seq_sent = true;
                     self.counters.seq_naks_sent += 1;
-                    self.resp.responses.push_back(Response::Nak {
-                        psn: self.resp.epsn,
-                        syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
-                        msn: self.resp.msn,
-                    });
+                    let nak = Syndrome::Nak(NakCode::PsnSequenceError);
+                    self.queue_nak_report(self.resp.epsn, nak);
                 }
                 return;
             }
@@ -544,17 +615,16 @@ impl RcQp {
                 }
             }
             Operation::RdmaReadRequest => {
-                if !qp_allows(self.cfg.access, AccessKind::RemoteRead)
-                    || self.cfg.max_dest_rd_atomic == 0
-                {
+                if !qp_allows(self.cfg.access, AccessKind::RemoteRead) {
                     return Err(Refusal::InvalidRequest);
                 }
                 let Some(reth) = pkt.reth else {
                     return Err(Refusal::InvalidRequest);
                 };
                 check_remote(mem, &reth, pd, AccessKind::RemoteRead)?;
+                self.free_rd_atomic_resource()?;
                 let npkts = packets_for(reth.dma_len, self.cfg.mtu);
-                self.save(Resource::Read {
+                self.resp.resources.push_back(Resource::Read {
                     first_psn: psn,
                     npkts,
                     va: reth.va,
@@ -570,19 +640,20 @@ impl RcQp {
                     rkey: reth.rkey,
                     len: reth.dma_len,
                     msn: self.resp.msn,
+                    replay: false,
                 });
                 self.resp.epsn = psn.add(npkts);
                 return Ok(());
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                if !qp_allows(self.cfg.access, AccessKind::RemoteAtomic)
-                    || self.cfg.max_dest_rd_atomic == 0
-                {
+                if !qp_allows(self.cfg.access, AccessKind::RemoteAtomic) {
                     return Err(Refusal::InvalidRequest);
                 }
                 let Some(a) = pkt.atomic_eth else {
                     return Err(Refusal::InvalidRequest);
                 };
+                // Before the atomic runs: a refused one must not have.
+                self.free_rd_atomic_resource()?;
                 let atomic = if op == Operation::CompareSwap {
                     AtomicOp::CompareSwap {
                         compare: a.compare,
@@ -597,12 +668,15 @@ impl RcQp {
                     AccessError::Misaligned { .. } => Refusal::InvalidRequest,
                     _ => Refusal::Access,
                 })?;
-                self.save(Resource::Atomic { psn, orig });
+                self.resp
+                    .resources
+                    .push_back(Resource::Atomic { psn, orig });
                 self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
                 self.resp.responses.push_back(Response::Atomic {
                     psn,
                     orig,
                     msn: self.resp.msn,
+                    replay: false,
                 });
                 self.resp.epsn = psn.next();
                 return Ok(());
@@ -672,6 +746,7 @@ impl RcQp {
                     rkey,
                     len: reth.dma_len,
                     msn: self.resp.msn,
+                    replay: true,
                 });
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -679,11 +754,19 @@ impl RcQp {
                     Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
                     _ => None,
                 });
-                if let Some(orig) = orig {
+                let Some(orig) = orig else { return };
+                // Its answer still owed answers this one too.
+                let owed = self
+                    .resp
+                    .responses
+                    .iter()
+                    .any(|r| matches!(*r, Response::Atomic { psn: p, .. } if p == psn));
+                if !owed {
                     self.resp.responses.push_back(Response::Atomic {
                         psn,
                         orig,
                         msn: self.resp.msn,
+                        replay: true,
                     });
                 }
             }
@@ -691,25 +774,74 @@ impl RcQp {
         }
     }
 
-    fn save(&mut self, r: Resource) {
-        self.resp.resources.push_back(r);
-        while self.resp.resources.len() > usize::from(self.cfg.max_dest_rd_atomic.max(1)) {
+    /// Makes room for a new READ or atomic among the `max_dest_rd_atomic`
+    /// resources: the oldest is recycled, with any replay of it still owed
+    /// (a requester within its limit is done with it) — unless its first
+    /// answer is still owed, when the peer has more outstanding than we
+    /// offered. Scans at most the resources and the (bounded) queue.
+    fn free_rd_atomic_resource(&mut self) -> Result<(), Refusal> {
+        let limit = usize::from(self.cfg.max_dest_rd_atomic);
+        if limit == 0 {
+            return Err(Refusal::TooManyRdAtomic);
+        }
+        while self.resp.resources.len() >= limit {
+            let Some(oldest) = self.resp.resources.front().copied() else {
+                break;
+            };
+            let responses = &mut self.resp.responses;
+            if responses
+                .iter()
+                .any(|r| r.is_first_answer() && oldest.answered_by(r))
+            {
+                return Err(Refusal::TooManyRdAtomic);
+            }
+            responses.retain(|r| !oldest.answered_by(r));
             self.resp.resources.pop_front();
         }
+        Ok(())
     }
 
-    /// Owes an ACK of `psn`, merged into an ACK already owed.
+    /// Owes an ACK of `psn`: merged into an ACK owed at the back of the
+    /// queue, and nothing more if a NAK owed there already acknowledges it.
     fn queue_ack(&mut self, psn: Psn) {
         if self.cfg.transport == Transport::Uc {
             return;
         }
         let msn = self.resp.msn;
-        if let Some(Response::Ack { psn: p, msn: m }) = self.resp.responses.back_mut() {
+        let back = self.resp.responses.back_mut();
+        if let Some(Response::Ack { psn: p, msn: m }) = back {
             *p = psn;
             *m = msn;
-        } else {
+            return;
+        }
+        let acknowledged = back.is_some_and(|r| {
+            matches!(*r, Response::Nak { msn: m, .. } if m == msn)
+                && r.report_psn().is_some_and(|p| psn.is_before(p))
+        });
+        if !acknowledged {
             self.resp.responses.push_back(Response::Ack { psn, msn });
         }
+    }
+
+    /// Owes a sequence or RNR NAK at `psn` (the PSN expected), replacing
+    /// the reports at the back of the queue it supersedes: ACKs before
+    /// `psn` and NAKs at or before it — it acknowledges everything before
+    /// `psn` itself, with the current MSN.
+    fn queue_nak_report(&mut self, psn: Psn, syndrome: Syndrome) {
+        while self
+            .resp
+            .responses
+            .back()
+            .and_then(Response::report_psn)
+            .is_some_and(|p| !psn.is_before(p))
+        {
+            self.resp.responses.pop_back();
+        }
+        self.resp.responses.push_back(Response::Nak {
+            psn,
+            syndrome,
+            msn: self.resp.msn,
+        });
     }
 
     /// Owes an RNR NAK of `psn`. The requests already behind it are
@@ -723,11 +855,7 @@ impl RcQp {
         }
         self.resp.nak_seq_sent = true;
         self.counters.rnr_naks_sent += 1;
-        self.resp.responses.push_back(Response::Nak {
-            psn,
-            syndrome: Syndrome::RnrNak(self.cfg.min_rnr_timer),
-            msn: self.resp.msn,
-        });
+        self.queue_nak_report(psn, Syndrome::RnrNak(self.cfg.min_rnr_timer));
     }
 
     /// Refuses the request at `psn`: NAK, async event, and the QP goes to ERR.
@@ -743,6 +871,10 @@ impl RcQp {
         self.counters.fatal_naks_sent += 1;
         let (code, event) = match refusal {
             Refusal::InvalidRequest => (NakCode::InvalidRequest, Some(AsyncEventType::QpReqErr)),
+            Refusal::TooManyRdAtomic => {
+                self.counters.rd_atomic_over_limit += 1;
+                (NakCode::InvalidRequest, Some(AsyncEventType::QpReqErr))
+            }
             Refusal::Access => (
                 NakCode::RemoteAccessError,
                 Some(AsyncEventType::QpAccessErr),
