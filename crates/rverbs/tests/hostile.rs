@@ -479,7 +479,13 @@ fn assert_no_event(ctx: &Context, what: &str) {
 
 /// Counters no case asserts: what the device sends (answers, retransmissions
 /// a case may provoke) and how the kernel batched what it received.
-const UNASSERTED: [&str; 5] = ["tx_packets", "tx_sends", "tx_errors", "tx_too_big", "rx_recvs"];
+const UNASSERTED: [&str; 5] = [
+    "tx_packets",
+    "tx_sends",
+    "tx_errors",
+    "tx_too_big",
+    "rx_recvs",
+];
 
 /// Between `before` and `after`, exactly the counters in `want` moved, by
 /// exactly that much (besides [`UNASSERTED`] and `free`, which may move).
@@ -519,7 +525,8 @@ fn assert_device_serves(what: &str) {
     let (a, b) = common::connected_pair(QpType::Rc, caps, 1 << 16, ALL);
     let what = format!("{what}: afterwards a fresh honest pair");
     a.mr.write_at(0, b"still serving").unwrap();
-    b.qp.post_recv(&RecvWr::new(9, &[sge(&b.mr, 0, 64)])).unwrap();
+    b.qp.post_recv(&RecvWr::new(9, &[sge(&b.mr, 0, 64)]))
+        .unwrap();
     let remote = b.mr.iova() + 4096;
     let rkey = b.mr.rkey();
     let (out, back) = ([sge(&a.mr, 0, 13)], [sge(&a.mr, 100, 13)]);
@@ -611,12 +618,13 @@ fn random_datagrams_are_counted_and_dropped() {
     let opcodes: Vec<Opcode> = Opcode::all().collect();
     let mut datagrams = Vec::new();
     for i in 0..1500 {
-        let len = rng.below(9001) as usize;
+        // The shortest lengths all, then random ones.
+        let len = if i < 24 { i } else { rng.below(9001) as usize };
         let mut d = vec![0u8; len];
         rng.fill(&mut d);
         match i % 3 {
             0 => {} // random bytes: almost surely a bad ICRC
-            1 if len >= 4 => hostile.seal(&mut d),
+            1 if len >= 16 => hostile.seal(&mut d),
             2 if len >= 16 => {
                 // A BTH of a known opcode, version 0, to a QP not the
                 // victim's; the rest random; the ICRC valid.
@@ -658,6 +666,12 @@ fn random_datagrams_are_counted_and_dropped() {
         "every datagram is a received packet"
     );
     assert_eq!(dropped, n, "every datagram is dropped with a reason");
+    for reason in ["rx_icrc_errors", "rx_malformed", "rx_unknown_qp"] {
+        assert!(
+            counter(&after, reason) > counter(&before, reason),
+            "random datagrams: none dropped for {reason}"
+        );
+    }
     assert_moved(
         &before,
         &after,
@@ -802,9 +816,7 @@ fn rc_opcode_around_expected(hostile: &Hostile, op: Opcode) {
     } else {
         match info.operation {
             Operation::RdmaReadRequest => (Opcode::RC_RDMA_READ_RESPONSE_ONLY, e, ack),
-            Operation::CompareSwap | Operation::FetchAdd => {
-                (Opcode::RC_ATOMIC_ACKNOWLEDGE, e, ack)
-            }
+            Operation::CompareSwap | Operation::FetchAdd => (Opcode::RC_ATOMIC_ACKNOWLEDGE, e, ack),
             _ => (Opcode::RC_ACKNOWLEDGE, e, ack),
         }
     };
@@ -945,7 +957,10 @@ fn other_transports_opcodes_to_an_rc_qp_are_dropped() {
     v.assert_state(QpState::Rts, what);
     v.assert_completions(&[], what);
     assert_no_event(&v.side.ctx, what);
-    assert!(hostile.drain(Duration::from_millis(20)).is_empty(), "{what}");
+    assert!(
+        hostile.drain(Duration::from_millis(20)).is_empty(),
+        "{what}"
+    );
     // The expected PSN did not move: a SEND there completes.
     hostile.send(&[v.packet(Opcode::RC_SEND_ONLY, v.epsn)]);
     v.assert_completions(&[(100, WcStatus::Success, WcOpcode::Recv, 16)], what);
@@ -974,10 +989,7 @@ fn forged_responses_for_unsent_work_complete_nothing() {
     const READ1_AT: u64 = 40960;
     const READ2_AT: u64 = 41984;
     const FADD_AT: u64 = 43008;
-    v.side
-        .mr
-        .write_at(SOURCE_AT, b"send me, honestly")
-        .unwrap();
+    v.side.mr.write_at(SOURCE_AT, b"send me, honestly").unwrap();
     let sges = [
         [sge(mr, SOURCE_AT as u64, 17)],
         [sge(mr, READ1_AT, 64)],
@@ -1034,17 +1046,13 @@ fn forged_responses_for_unsent_work_complete_nothing() {
     );
     let held = hostile.drain(Duration::from_millis(50));
     assert!(
-        held.iter().all(|p| p.key().1 == send_psn.value() || p.key().1 == read1_psn.value()),
+        held.iter()
+            .all(|p| p.key().1 == send_psn.value() || p.key().1 == read1_psn.value()),
         "{what}: the credit holds the rest back: {held:?}"
     );
 
     let bth = |op: Opcode, psn: Psn| BthRepr::new(op, v.qpn(), psn);
-    let aeth = |syndrome: Syndrome| {
-        Some(AethRepr {
-            syndrome,
-            msn: 7,
-        })
-    };
+    let aeth = |syndrome: Syndrome| Some(AethRepr { syndrome, msn: 7 });
     let ack = Syndrome::Ack {
         credits: Syndrome::CREDITS_UNLIMITED,
     };
@@ -1101,9 +1109,21 @@ fn forged_responses_for_unsent_work_complete_nothing() {
     v.assert_state(QpState::Rts, what);
     assert_quiet(&v.side.cq, what);
     assert_no_event(&v.side.ctx, what);
-    assert_eq!(v.bytes(READ1_AT as usize, 64), [0u8; 64], "{what}: READ 1's buffer");
-    assert_eq!(v.bytes(READ2_AT as usize, 64), [0u8; 64], "{what}: READ 2's buffer");
-    assert_eq!(v.bytes(FADD_AT as usize, 8), [0u8; 8], "{what}: the atomic's buffer");
+    assert_eq!(
+        v.bytes(READ1_AT as usize, 64),
+        [0u8; 64],
+        "{what}: READ 1's buffer"
+    );
+    assert_eq!(
+        v.bytes(READ2_AT as usize, 64),
+        [0u8; 64],
+        "{what}: READ 2's buffer"
+    );
+    assert_eq!(
+        v.bytes(FADD_AT as usize, 8),
+        [0u8; 8],
+        "{what}: the atomic's buffer"
+    );
 
     // Now the honest answers: every WR completes with the real data.
     let honest1 = [0x11u8; 64];
@@ -1140,8 +1160,16 @@ fn forged_responses_for_unsent_work_complete_nothing() {
         ],
         what,
     );
-    assert_eq!(v.bytes(READ1_AT as usize, 64), honest1, "{what}: READ 1's data");
-    assert_eq!(v.bytes(READ2_AT as usize, 64), honest2, "{what}: READ 2's data");
+    assert_eq!(
+        v.bytes(READ1_AT as usize, 64),
+        honest1,
+        "{what}: READ 1's data"
+    );
+    assert_eq!(
+        v.bytes(READ2_AT as usize, 64),
+        honest2,
+        "{what}: READ 2's data"
+    );
     assert_eq!(
         u64::from_ne_bytes(v.bytes(FADD_AT as usize, 8).try_into().unwrap()),
         41,
@@ -1381,7 +1409,10 @@ fn zero_length_requests_with_rkey_0_succeed() {
         .iter()
         .find(|s| s.key().0 == Opcode::RC_RDMA_READ_RESPONSE_ONLY)
         .unwrap_or_else(|| panic!("{what}: no READ response among {answers:?}"));
-    assert_eq!(read_response.key(), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, e.value(), ack));
+    assert_eq!(
+        read_response.key(),
+        (Opcode::RC_RDMA_READ_RESPONSE_ONLY, e.value(), ack)
+    );
     assert!(read_response.repr().payload.is_empty(), "{what}");
     for s in &answers {
         assert!(
@@ -1463,7 +1494,13 @@ fn uc_rkey_sweep_is_counted_and_the_qp_carries_on() {
     let what = "UC rkey sweep";
     let real = v.side.mr.rkey();
     let mut rng = Rng(0xdead_beef_0bad_f00d);
-    let mut rkeys = vec![0, u32::MAX, real ^ 1, real.wrapping_add(1), real.wrapping_sub(1)];
+    let mut rkeys = vec![
+        0,
+        u32::MAX,
+        real ^ 1,
+        real.wrapping_add(1),
+        real.wrapping_sub(1),
+    ];
     while rkeys.len() < 600 {
         let k = rng.next() as u32;
         if k != real {
@@ -1501,8 +1538,15 @@ fn uc_rkey_sweep_is_counted_and_the_qp_carries_on() {
     v.assert_completions(&[], what);
     assert_no_event(&v.side.ctx, what);
     assert_eq!(v.bytes(LAND_AT, 16), [0u8; 16], "{what}: nothing landed");
-    assert_eq!(v.bytes(VICTIM_MR - 8, 8), [0u8; 8], "{what}: nothing landed");
-    assert!(hostile.drain(Duration::from_millis(20)).is_empty(), "{what}");
+    assert_eq!(
+        v.bytes(VICTIM_MR - 8, 8),
+        [0u8; 8],
+        "{what}: nothing landed"
+    );
+    assert!(
+        hostile.drain(Duration::from_millis(20)).is_empty(),
+        "{what}"
+    );
     hostile.send(&[v.packet(Opcode::UC_RDMA_WRITE_ONLY, psn)]);
     assert_eq!(v.bytes(LAND_AT, 16), TAIL, "{what}: the real rkey's WRITE");
     assert_device_serves(what);
@@ -1549,7 +1593,10 @@ fn packets_to_unknown_qpns_are_counted_and_dropped() {
     v.assert_state(QpState::Rts, what);
     v.assert_completions(&[], what);
     assert_no_event(&v.side.ctx, what);
-    assert!(hostile.drain(Duration::from_millis(20)).is_empty(), "{what}");
+    assert!(
+        hostile.drain(Duration::from_millis(20)).is_empty(),
+        "{what}"
+    );
     assert_device_serves(what);
 }
 
@@ -1608,7 +1655,10 @@ fn bad_pkeys_and_wrong_peers_are_counted_and_dropped() {
     assert_no_event(&v.side.ctx, what);
     assert_eq!(v.bytes(LAND_AT, 16), [0u8; 16], "{what}: nothing landed");
     assert_eq!(v.atomic_word(), 0, "{what}: no atomic");
-    assert!(hostile.drain(Duration::from_millis(20)).is_empty(), "{what}");
+    assert!(
+        hostile.drain(Duration::from_millis(20)).is_empty(),
+        "{what}"
+    );
     assert!(stranger.drain(Duration::ZERO).is_empty(), "{what}");
     hostile.send(&[v.packet(Opcode::RC_SEND_ONLY, v.epsn)]);
     v.assert_completions(&[(100, WcStatus::Success, WcOpcode::Recv, 16)], what);
