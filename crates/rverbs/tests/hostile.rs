@@ -1297,7 +1297,11 @@ fn read_and_atomic_flood_keeps_memory_bounded() {
 /// responder's `max_dest_rd_atomic`. A hostile one that sends a second
 /// large READ while the first one's response stream (16384 packets) is
 /// still owed, to a QP with `max_dest_rd_atomic` 1, is refused: NAK
-/// invalid request for the second READ, QP_REQ_ERR, the QP in ERR.
+/// invalid request (one fatal NAK), QP_REQ_ERR, the QP in ERR.
+///
+/// The two READs leave back to back; the second would come too late only
+/// if this thread were kept off the CPU between two sends for as long as
+/// the device takes to send 16384 packets.
 #[test]
 fn a_read_beyond_max_dest_rd_atomic_is_refused() {
     let _serial = serial();
@@ -1345,17 +1349,9 @@ fn a_read_beyond_max_dest_rd_atomic_is_refused() {
     hostile.send(&[read(first), read(second)]);
     wait_event(&side.ctx, AsyncEventType::QpReqErr, what);
     assert_eq!(side.qp.state(), QpState::Err, "{what}");
-    let nak = (
-        Opcode::RC_ACKNOWLEDGE,
-        second.value(),
-        Some(Syndrome::Nak(NakCode::InvalidRequest)),
-    );
-    let answers = hostile.collect(|got| got.iter().any(|s| s.key() == nak));
-    assert!(
-        answers.iter().any(|s| s.key() == nak),
-        "{what}: no NAK invalid request among {} answers",
-        answers.len()
-    );
+    // QP_REQ_ERR is the event of an invalid-request refusal. The NAK
+    // itself is not looked for on the wire: READ responses sent before it
+    // may have filled the hostile's socket buffer.
     let after = stats();
     assert_eq!(
         counter(&after, "fatal_naks_sent") - counter(&before, "fatal_naks_sent"),
