@@ -147,7 +147,9 @@ fn handle_segments(
     driver: Driver,
     batch: &mut Received,
 ) -> bool {
-    let count = batch.len.div_ceil(batch.seg);
+    // An empty datagram is one (empty) packet: received, and dropped
+    // with a reason like any other too short to hold an ICRC.
+    let count = batch.len.div_ceil(batch.seg).max(1);
     while batch.next < count {
         let k = batch.next;
         let start = k * batch.seg;

@@ -45,7 +45,8 @@ counters_struct! {
         /// Receive calls that returned data (single packets or GRO batches).
         pub rx_recvs: u64,
         /// Received packets whose ICRC matched for no IPv4 ID (corrupt), or
-        /// did not match (IPv6), dropped.
+        /// did not match (IPv6), or too short to hold one (an empty
+        /// datagram too), dropped.
         pub rx_icrc_errors: u64,
         /// Received IPv4 packets accepted with an ID found by solving the ICRC
         /// for it (`Ipv4IdSolver`): not the 0 or GSO numbering an rverbs peer
