@@ -172,12 +172,13 @@ impl RcQp {
                             // Waiting out an RNR NAK, which goes back anyway.
                             return;
                         }
-                        // The responder NAKs a gap once, and again only after
-                        // the missing PSN came (then at a later PSN): one at
-                        // the PSN already gone back to, with no progress
-                        // since, is a copy — the link duplicated or delayed
-                        // it — and spends no second retry.
-                        if self.req.seq_nak_at == Some(psn) {
+                        // One retry per loss event, as rxe counts them: once
+                        // a sequence NAK has sent the requester back, later
+                        // ones before any progress — a copy of it, or a gap
+                        // behind a READ whose responses were lost, which the
+                        // go-back resends anyway — spend no second retry and
+                        // cause no second go-back (the timer still counts).
+                        if self.req.seq_nak_at.is_some() {
                             return;
                         }
                         self.req.seq_nak_at = Some(psn);
