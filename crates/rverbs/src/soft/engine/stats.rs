@@ -114,6 +114,13 @@ counters_struct! {
         /// answered — the peer has more outstanding than we offered — or any
         /// when `max_dest_rd_atomic` is 0. Also counted in `fatal_naks_sent`.
         pub rd_atomic_over_limit: u64,
+        /// RC READ responses dropped at the PSN expected next for being out of
+        /// place in their response stream: a FIRST, MIDDLE, LAST or ONLY where
+        /// another belongs (the IBTA's order from the packet a READ request
+        /// asked for first to its last), or a NAK syndrome in their AETH. A
+        /// late response of an earlier ask, after the requester asked again
+        /// for the rest, is one; a confused or forged peer the other.
+        pub read_responses_out_of_place: u64,
         /// UD packets dropped for a Q_Key that did not match the QP's.
         pub qkey_violations: u64,
         /// UD packets dropped because their QP had no receive WR posted.
@@ -138,6 +145,7 @@ impl NetStats {
             acks_for_unsent,
             out_of_sequence,
             rd_atomic_over_limit,
+            read_responses_out_of_place,
         } = *c;
         self.retransmitted += retransmitted;
         self.timeouts += timeouts;
@@ -153,6 +161,7 @@ impl NetStats {
         self.acks_for_unsent += acks_for_unsent;
         self.out_of_sequence += out_of_sequence;
         self.rd_atomic_over_limit += rd_atomic_over_limit;
+        self.read_responses_out_of_place += read_responses_out_of_place;
     }
 
     /// Counts a packet a QP's transport dropped unread.

@@ -270,6 +270,17 @@ impl RcQp {
             }
             return;
         }
+        // In place in the response stream the last ask started, with no
+        // NAK in its AETH (FIRST, LAST and ONLY carry one); anything else
+        // at this PSN is a late answer to an earlier ask, or a confused or
+        // forged peer, and the right packet may still come.
+        let nak = pkt
+            .aeth
+            .is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. }));
+        if pkt.bth.opcode != head.next_read_response() || nak {
+            self.counters.read_responses_out_of_place += 1;
+            return;
+        }
         let mtu = self.cfg.mtu;
         let offset = head.read_next * mtu;
         let want = mtu.min(head.wqe.length - offset.min(head.wqe.length));

@@ -150,6 +150,9 @@ pub(crate) struct RcCounters {
     /// oldest of `max_dest_rd_atomic` is still being answered, or any when
     /// `max_dest_rd_atomic` is 0. Also counted in `fatal_naks_sent`.
     pub(crate) rd_atomic_over_limit: u64,
+    /// READ responses dropped at the expected PSN for an opcode out of
+    /// place in their response stream, or a NAK in their AETH.
+    pub(crate) read_responses_out_of_place: u64,
 }
 
 impl RcCounters {
@@ -169,6 +172,7 @@ impl RcCounters {
         self.acks_for_unsent += other.acks_for_unsent;
         self.out_of_sequence += other.out_of_sequence;
         self.rd_atomic_over_limit += other.rd_atomic_over_limit;
+        self.read_responses_out_of_place += other.read_responses_out_of_place;
     }
 }
 

@@ -116,6 +116,9 @@ pub(super) struct SqEntry {
     pub(super) read_next: u32,
     /// READ: end of the range the last new READ request asked for.
     read_chunk_end: u32,
+    /// READ: the first response packet the last READ request (new or
+    /// asked again) asked for: its response is FIRST (or ONLY).
+    pub(super) read_asked_from: u32,
     /// Set once the WQE completed; it leaves the queue in order.
     pub(super) status: Option<WcStatus>,
 }
@@ -123,6 +126,19 @@ pub(super) struct SqEntry {
 impl SqEntry {
     pub(super) fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts - 1)
+    }
+
+    /// READ: the response opcode the packet placed next must have: the
+    /// last request asked for `read_asked_from` up to `read_chunk_end`.
+    pub(super) fn next_read_response(&self) -> Opcode {
+        let first = self.read_next == self.read_asked_from;
+        let last = self.read_next + 1 >= self.read_chunk_end;
+        match (first, last) {
+            (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+            (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        }
     }
 
     pub(super) fn is_read(&self) -> bool {
@@ -305,6 +321,7 @@ impl RcQp {
             started: false,
             read_next: 0,
             read_chunk_end: 0,
+            read_asked_from: 0,
             status: None,
         };
         if self.state == QpState::Err {
@@ -603,6 +620,7 @@ impl RcQp {
         let e = &mut self.req.sq[idx];
         if let Some(end) = read_chunk_end {
             e.read_chunk_end = end;
+            e.read_asked_from = e.read_next;
         }
         if !e.started {
             e.started = true;

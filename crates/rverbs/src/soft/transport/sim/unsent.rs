@@ -203,6 +203,81 @@ fn a_read_response_past_the_chunk_asked_for_is_ignored() {
 }
 
 #[test]
+fn a_read_response_out_of_place_in_its_stream_places_nothing() {
+    // A READ of 3 packets (MTU 1024) was asked for: its responses must come
+    // as FIRST, MIDDLE, LAST. At the PSN expected next, a response with the
+    // wrong opcode for that place (MIDDLE or ONLY first, FIRST or LAST in
+    // the middle, MIDDLE last), or a right one whose AETH is a NAK, is
+    // dropped and counted; before, any READ response opcode was placed.
+    let mut sim = Sim::new(1, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    let real = message(7, 3072);
+    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
+    sim.sides[0].qp.post_send(send_wqe(
+        0,
+        WrOpcode::RdmaRead {
+            remote_addr: b_base,
+            rkey: b_key,
+        },
+        a_key,
+        a_base,
+        3072,
+    ));
+    let request = sim.take_packets(0);
+    assert_eq!(request.len(), 1, "one READ request");
+    let fake = [0xee; 1024];
+    let nak = Syndrome::Nak(NakCode::RemoteAccessError);
+    let wrong = [
+        (0, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, ACK),
+        (0, Opcode::RC_RDMA_READ_RESPONSE_ONLY, ACK),
+        (0, Opcode::RC_RDMA_READ_RESPONSE_LAST, ACK),
+        (0, Opcode::RC_RDMA_READ_RESPONSE_FIRST, nak),
+    ];
+    let mut dropped = 0;
+    for (k, opcode, syndrome) in wrong {
+        sim.hand_over(0, &forged(opcode, sq_psn().add(k), syndrome, &fake));
+        dropped += 1;
+    }
+    // The real FIRST, then wrong ones for the middle packet.
+    sim.hand_over(
+        0,
+        &forged(
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            sq_psn(),
+            ACK,
+            &real[..1024],
+        ),
+    );
+    for opcode in [
+        Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+    ] {
+        sim.hand_over(0, &forged(opcode, sq_psn().add(1), ACK, &fake));
+        dropped += 1;
+    }
+    let mut back = vec![0u8; 3072];
+    sim.sides[0].mem.read_for_test(a_key, a_base, &mut back);
+    assert_eq!(&back[..1024], &real[..1024], "the real FIRST was placed");
+    assert!(
+        back[1024..].iter().all(|&b| b == 0),
+        "a response out of place was placed"
+    );
+    assert_eq!(completions(&sim), vec![]);
+    assert_eq!(sim.sides[0].qp.state(), QpState::Rts);
+    assert_eq!(
+        sim.sides[0].qp.counters.read_responses_out_of_place,
+        dropped
+    );
+    // The peer's real answer completes it.
+    finish(&mut sim, request);
+    assert_eq!(completions(&sim), all_succeeded(1));
+    sim.sides[0].mem.read_for_test(a_key, a_base, &mut back);
+    assert!(back == real, "the READ placed the peer's bytes");
+}
+
+#[test]
 fn an_atomic_ack_for_a_request_never_sent_places_nothing() {
     let mut sim = Sim::new(1, LinkFaults::CLEAN);
     let (a_key, a_base) = register(&sim.sides[0].mem, 64, all_access());
