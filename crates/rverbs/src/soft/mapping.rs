@@ -87,9 +87,18 @@ fn parse_line(line: &str) -> Option<(u64, u64, bool, bool)> {
 fn check_in_maps(maps: impl BufRead, addr: u64, end: u64, write: bool) -> Result<(), MappingError> {
     // Everything below `covered` is mapped as needed.
     let mut covered = addr;
-    for line in maps.lines() {
+    // Lines split as bytes: a mapped file's path need not be UTF-8, and
+    // only the first two fields (ASCII) are read.
+    for line in maps.split(b'\n') {
         let Ok(line) = line else { break };
-        let Some((lo, hi, readable, writable)) = parse_line(&line) else {
+        let head = line.splitn(3, |&b| b == b' ').take(2).collect::<Vec<_>>();
+        let Some((lo, hi, readable, writable)) = head
+            .iter()
+            .map(|f| std::str::from_utf8(f))
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .and_then(|f| parse_line(&f.join(" ")))
+        else {
             continue;
         };
         if hi <= covered {

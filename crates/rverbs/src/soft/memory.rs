@@ -450,7 +450,7 @@ impl WriteWindow<'_> {
     /// share their offset in a page). A registrant that uses atomics on the
     /// word itself sees the device's read-modify-write whole.
     pub(crate) fn atomic_u64(&mut self) -> Option<&AtomicU64> {
-        if self.len != 8 || !self.ptr.cast::<u64>().is_aligned() {
+        if self.len != 8 || !self.ptr.cast::<AtomicU64>().is_aligned() {
             return None;
         }
         // SAFETY: the 8 bytes are inside the registered region, aligned

@@ -110,7 +110,7 @@ impl CompletionQueue {
     /// A thread that polls an empty CQ again and again is waiting: after
     /// spinning for a while (as long as spinning has paid off on this CQ of
     /// late), it sleeps in the call until a packet arrives or a completion
-    /// lands, a timer is due, or a millisecond has passed — so on a busy
+    /// lands, a timer is due, or 12 ms have passed — so on a busy
     /// host it does not take the core from the peer it waits for. It never
     /// sleeps on the first empty poll after a completion (the end of a
     /// "poll until empty" loop), nor while completions land in other CQs of

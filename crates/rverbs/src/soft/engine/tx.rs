@@ -422,18 +422,24 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         // not wait gets no more than it has while others wait (it queues
         // behind them); one whose turn it is, all of it.
         let mut no_room = false;
+        let counted_before = slot.in_flight_counted;
         if let Transport::Rc(rc) = &mut slot.transport {
-            let others = in_flight.saturating_sub(slot.in_flight_counted);
-            let room = in_flight_limit.saturating_sub(others) / in_flight_cost(rc.mtu());
-            let room = u32::try_from(room).unwrap_or(u32::MAX);
-            let own = rc.in_flight();
-            let others_wait = !budget_queue.is_empty() || !unserved.is_empty();
-            no_room = room <= own;
-            rc.set_window_cap(if from_queue || !others_wait {
-                room
+            if !rc.counts_in_flight() {
+                // UC: nothing in flight to count, never held.
+                rc.set_window_cap(u32::MAX);
             } else {
-                room.min(own)
-            });
+                let others = in_flight.saturating_sub(counted_before);
+                let room = in_flight_limit.saturating_sub(others) / in_flight_cost(rc.mtu());
+                let room = u32::try_from(room).unwrap_or(u32::MAX);
+                let own = rc.in_flight();
+                let others_wait = !budget_queue.is_empty() || !unserved.is_empty();
+                no_room = room <= own;
+                rc.set_window_cap(if from_queue || !others_wait {
+                    room
+                } else {
+                    room.min(own)
+                });
+            }
         }
         // Still more to send after FLUSH_BUDGET packets: a later pass goes
         // on, so one QP's burst (a READ a peer asked for in one piece)
@@ -569,6 +575,8 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
             slot.dirty = true;
             unfinished.push(qpn);
         }
+        // Delivering may move the QP to ERR (a full CQ): counted after it.
+        slot.deliver_events();
         // Count what it has in flight now; if the budget holds it, it waits
         // for room (at its old place if it never got any).
         let counted = slot
@@ -576,7 +584,11 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
             .map_or(0, |rc| rc.in_flight() as usize * in_flight_cost(rc.mtu()));
         *in_flight = in_flight.saturating_sub(slot.in_flight_counted) + counted;
         slot.in_flight_counted = counted;
-        if !slot.budget_queued && slot.rc().is_some_and(RcQp::held_by_window_cap) {
+        if !slot.budget_queued
+            && slot
+                .rc()
+                .is_some_and(|rc| rc.counts_in_flight() && rc.held_by_window_cap())
+        {
             slot.budget_queued = true;
             if from_queue && no_room {
                 unserved.push(qpn);
@@ -584,7 +596,6 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 budget_queue.push_back(qpn);
             }
         }
-        slot.deliver_events();
         if !slot.ack_listed && slot.rc().is_some_and(RcQp::holds_ack) {
             slot.ack_listed = true;
             held_acks.push(qpn);

@@ -277,7 +277,7 @@ impl RcQp {
         let nak = pkt
             .aeth
             .is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. }));
-        if pkt.bth.opcode != head.next_read_response() || nak {
+        if !head.read_response_fits(pkt.bth.opcode) || nak {
             self.counters.read_responses_out_of_place += 1;
             return;
         }

@@ -119,6 +119,8 @@ pub(super) struct SqEntry {
     /// READ: the first response packet the last READ request (new or
     /// asked again) asked for: its response is FIRST (or ONLY).
     pub(super) read_asked_from: u32,
+    /// READ: the last request asked again for the rest of a chunk.
+    read_reasked: bool,
     /// Set once the WQE completed; it leaves the queue in order.
     pub(super) status: Option<WcStatus>,
 }
@@ -128,16 +130,22 @@ impl SqEntry {
         self.first_psn.add(self.npkts - 1)
     }
 
-    /// READ: the response opcode the packet placed next must have: the
-    /// last request asked for `read_asked_from` up to `read_chunk_end`.
-    pub(super) fn next_read_response(&self) -> Opcode {
+    /// READ: whether a response with `opcode` fits the place of the packet
+    /// placed next: the last request asked for `read_asked_from` up to
+    /// `read_chunk_end`, so FIRST … LAST, or ONLY. A request that asked
+    /// again for the rest of a chunk is a duplicate to the responder, and
+    /// Linux rxe answers one from its saved resource as the middle of the
+    /// original stream: MIDDLE … LAST, or LAST alone (we answer FIRST).
+    pub(super) fn read_response_fits(&self, opcode: Opcode) -> bool {
         let first = self.read_next == self.read_asked_from;
         let last = self.read_next + 1 >= self.read_chunk_end;
-        match (first, last) {
-            (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-            (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-            (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-            (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        let midstream = !first || self.read_reasked;
+        match opcode {
+            Opcode::RC_RDMA_READ_RESPONSE_ONLY => first && last,
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST => first && !last,
+            Opcode::RC_RDMA_READ_RESPONSE_LAST => last && midstream,
+            Opcode::RC_RDMA_READ_RESPONSE_MIDDLE => !last && midstream,
+            _ => false,
         }
     }
 
@@ -322,6 +330,7 @@ impl RcQp {
             read_next: 0,
             read_chunk_end: 0,
             read_asked_from: 0,
+            read_reasked: false,
             status: None,
         };
         if self.state == QpState::Err {
@@ -351,7 +360,10 @@ impl RcQp {
     /// receiving socket. A go-back to resend them does not take them out.
     /// 0 unless it sends (RTS, SQD); a UC QP has none.
     pub(crate) fn in_flight(&self) -> u32 {
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+        // Waiting out an RNR NAK: the responder dropped what came after
+        // it, so nothing of this QP's is in a socket (and a QP a peer keeps
+        // waiting for ever must not hold the device's budget meanwhile).
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return 0;
         }
         self.comp.una.distance_to(self.req.sent_high)
@@ -378,6 +390,12 @@ impl RcQp {
         } else {
             self.req.cwnd.packets()
         }
+    }
+
+    /// Whether its packets count in the device's budget: RC; a UC QP's are
+    /// never acknowledged, so it has none in flight and is never held.
+    pub(crate) fn counts_in_flight(&self) -> bool {
+        self.cfg.transport == Transport::Rc
     }
 
     /// The device lets this QP have at most `cap` packets in flight (its
@@ -485,7 +503,8 @@ impl RcQp {
                 if k > e.read_next {
                     return Transmit::Blocked;
                 }
-                let chunk_end = if e.read_next >= e.read_chunk_end {
+                let reasked = e.read_next < e.read_chunk_end;
+                let chunk_end = if !reasked {
                     // A new chunk, as much as the window holds now (and no
                     // more than the device's budget leaves this QP).
                     let cap = self.req.window_cap.saturating_sub(self.in_flight()).max(1);
@@ -508,7 +527,7 @@ impl RcQp {
                 });
                 p.bth.ack_req = true;
                 next_tx = e.first_psn.add(e.read_next + chunk);
-                read_chunk_end = Some(chunk_end);
+                read_chunk_end = Some((chunk_end, reasked));
             }
             WrOpcode::AtomicCmpAndSwp {
                 remote_addr,
@@ -618,9 +637,10 @@ impl RcQp {
             }
         }
         let e = &mut self.req.sq[idx];
-        if let Some(end) = read_chunk_end {
+        if let Some((end, reasked)) = read_chunk_end {
             e.read_chunk_end = end;
             e.read_asked_from = e.read_next;
+            e.read_reasked = reasked;
         }
         if !e.started {
             e.started = true;

@@ -278,6 +278,50 @@ fn a_read_response_out_of_place_in_its_stream_places_nothing() {
 }
 
 #[test]
+fn a_read_asked_again_takes_rxe_style_replies_from_the_middle() {
+    // A READ of 3 packets loses its middle response: the requester asks
+    // again for the rest (packets 1 and 2). To Linux rxe that request is a
+    // duplicate, answered from its saved resource as the middle of the
+    // original stream — MIDDLE, LAST — not FIRST, LAST as a new READ.
+    let mut sim = Sim::new(1, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    let real = message(8, 3072);
+    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
+    sim.sides[0].qp.post_send(send_wqe(
+        0,
+        WrOpcode::RdmaRead {
+            remote_addr: b_base,
+            rkey: b_key,
+        },
+        a_key,
+        a_base,
+        3072,
+    ));
+    assert_eq!(sim.take_packets(0).len(), 1, "one READ request");
+    let response = |opcode, k: u32| {
+        forged(
+            opcode,
+            sq_psn().add(k),
+            ACK,
+            &real[k as usize * 1024..][..1024],
+        )
+    };
+    sim.hand_over(0, &response(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 0));
+    // Packet 1 lost: LAST shows the gap, and the requester asks again.
+    sim.hand_over(0, &response(Opcode::RC_RDMA_READ_RESPONSE_LAST, 2));
+    let again = sim.take_packets(0);
+    assert_eq!(again.len(), 1, "asked again for the rest");
+    sim.hand_over(0, &response(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 1));
+    sim.hand_over(0, &response(Opcode::RC_RDMA_READ_RESPONSE_LAST, 2));
+    assert_eq!(sim.sides[0].qp.counters.read_responses_out_of_place, 0);
+    assert_eq!(completions(&sim), all_succeeded(1));
+    let mut back = vec![0u8; 3072];
+    sim.sides[0].mem.read_for_test(a_key, a_base, &mut back);
+    assert!(back == real, "the READ placed the peer's bytes");
+}
+
+#[test]
 fn an_atomic_ack_for_a_request_never_sent_places_nothing() {
     let mut sim = Sim::new(1, LinkFaults::CLEAN);
     let (a_key, a_base) = register(&sim.sides[0].mem, 64, all_access());
