@@ -487,6 +487,32 @@ const UNASSERTED: [&str; 5] = [
     "rx_recvs",
 ];
 
+/// Sends `packets` from `hostile` to victim `v`: each must be received and
+/// dropped under `counter` (and no other counter move), and the QP stay in
+/// RTS with no completion and no event.
+fn dropped_and_counted(
+    hostile: &Hostile,
+    v: &Victim,
+    packets: &[PacketRepr<'_>],
+    counter: &str,
+    what: &str,
+) {
+    let n = packets.len() as u64;
+    let before = stats();
+    hostile.send(packets);
+    let after = stats();
+    assert_moved(
+        &before,
+        &after,
+        &[("rx_packets", n), (counter, n)],
+        &[],
+        what,
+    );
+    v.assert_state(QpState::Rts, what);
+    v.assert_completions(&[], what);
+    assert_no_event(&v.side.ctx, what);
+}
+
 /// Between `before` and `after`, exactly the counters in `want` moved, by
 /// exactly that much (besides [`UNASSERTED`] and `free`, which may move).
 fn assert_moved(
@@ -1523,20 +1549,7 @@ fn uc_rkey_sweep_is_counted_and_the_qp_carries_on() {
     }
     packets.push(outside);
     psn = psn.next();
-    let n = packets.len() as u64;
-    let before = stats();
-    hostile.send(&packets);
-    let after = stats();
-    assert_moved(
-        &before,
-        &after,
-        &[("rx_packets", n), ("uc_access_refused", n)],
-        &[],
-        what,
-    );
-    v.assert_state(QpState::Rts, what);
-    v.assert_completions(&[], what);
-    assert_no_event(&v.side.ctx, what);
+    dropped_and_counted(&hostile, &v, &packets, "uc_access_refused", what);
     assert_eq!(v.bytes(LAND_AT, 16), [0u8; 16], "{what}: nothing landed");
     assert_eq!(
         v.bytes(VICTIM_MR - 8, 8),
@@ -1579,20 +1592,7 @@ fn packets_to_unknown_qpns_are_counted_and_dropped() {
             packets.push(p);
         }
     }
-    let n = packets.len() as u64;
-    let before = stats();
-    hostile.send(&packets);
-    let after = stats();
-    assert_moved(
-        &before,
-        &after,
-        &[("rx_packets", n), ("rx_unknown_qp", n)],
-        &[],
-        what,
-    );
-    v.assert_state(QpState::Rts, what);
-    v.assert_completions(&[], what);
-    assert_no_event(&v.side.ctx, what);
+    dropped_and_counted(&hostile, &v, &packets, "rx_unknown_qp", what);
     assert!(
         hostile.drain(Duration::from_millis(20)).is_empty(),
         "{what}"

@@ -83,6 +83,28 @@ fn all_succeeded(n: u64) -> Vec<(u64, WcStatus)> {
     (0..n).map(|i| (i, WcStatus::Success)).collect()
 }
 
+/// A clean simulator in which side A has posted (not yet sent) a READ of
+/// `len` bytes of B's memory, which holds `message(seed, len)`, into its
+/// own MR at `a_base`: `(sim, a_key, a_base, B's bytes)`.
+fn posted_read(seed: usize, len: usize) -> (Sim, u32, u64, Vec<u8>) {
+    let mut sim = Sim::new(1, LinkFaults::CLEAN);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    let real = message(seed, len);
+    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
+    sim.sides[0].qp.post_send(send_wqe(
+        0,
+        WrOpcode::RdmaRead {
+            remote_addr: b_base,
+            rkey: b_key,
+        },
+        a_key,
+        a_base,
+        len as u32,
+    ));
+    (sim, a_key, a_base, real)
+}
+
 #[test]
 fn an_ack_for_packets_never_sent_is_ignored() {
     // A's window of 8 holds SENDs 8 and 9 back. An ACK for the first PSN
@@ -136,21 +158,7 @@ fn a_nak_naming_a_psn_never_sent_is_ignored() {
 fn a_read_response_for_a_request_never_sent_places_nothing() {
     // A READ is posted and not yet transmitted: a response to it is
     // forged, and its bytes must not land in A's buffer.
-    let mut sim = Sim::new(1, LinkFaults::CLEAN);
-    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
-    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
-    let real = message(5, 1024);
-    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
-    sim.sides[0].qp.post_send(send_wqe(
-        0,
-        WrOpcode::RdmaRead {
-            remote_addr: b_base,
-            rkey: b_key,
-        },
-        a_key,
-        a_base,
-        1024,
-    ));
+    let (mut sim, a_key, a_base, real) = posted_read(5, 1024);
     let fake = [0xee; 1024];
     let response = forged(Opcode::RC_RDMA_READ_RESPONSE_ONLY, sq_psn(), ACK, &fake);
     sim.hand_over(0, &response);
@@ -209,21 +217,7 @@ fn a_read_response_out_of_place_in_its_stream_places_nothing() {
     // wrong opcode for that place (MIDDLE or ONLY first, FIRST or LAST in
     // the middle, MIDDLE last), or a right one whose AETH is a NAK, is
     // dropped and counted; before, any READ response opcode was placed.
-    let mut sim = Sim::new(1, LinkFaults::CLEAN);
-    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
-    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
-    let real = message(7, 3072);
-    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
-    sim.sides[0].qp.post_send(send_wqe(
-        0,
-        WrOpcode::RdmaRead {
-            remote_addr: b_base,
-            rkey: b_key,
-        },
-        a_key,
-        a_base,
-        3072,
-    ));
+    let (mut sim, a_key, a_base, real) = posted_read(7, 3072);
     let request = sim.take_packets(0);
     assert_eq!(request.len(), 1, "one READ request");
     let fake = [0xee; 1024];
@@ -283,21 +277,7 @@ fn a_read_asked_again_takes_rxe_style_replies_from_the_middle() {
     // again for the rest (packets 1 and 2). To Linux rxe that request is a
     // duplicate, answered from its saved resource as the middle of the
     // original stream — MIDDLE, LAST — not FIRST, LAST as a new READ.
-    let mut sim = Sim::new(1, LinkFaults::CLEAN);
-    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
-    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
-    let real = message(8, 3072);
-    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
-    sim.sides[0].qp.post_send(send_wqe(
-        0,
-        WrOpcode::RdmaRead {
-            remote_addr: b_base,
-            rkey: b_key,
-        },
-        a_key,
-        a_base,
-        3072,
-    ));
+    let (mut sim, a_key, a_base, real) = posted_read(8, 3072);
     assert_eq!(sim.take_packets(0).len(), 1, "one READ request");
     let response = |opcode, k: u32| {
         forged(
