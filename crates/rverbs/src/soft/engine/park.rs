@@ -283,13 +283,13 @@ impl PollerWait {
     }
 
     /// A poll at engine time `now` found the CQ empty, with `pushed`
-    /// completions pushed to the device's CQs so far (see
+    /// completions pushed to the process's CQs so far (see
     /// [`Engine::pushed`]): whether the poller has spun its budget and
     /// should park.
     ///
     /// It never parks on the first empty poll of a wait — the end of the
     /// usual "poll until empty" loop, after which the program answers what
-    /// it found — nor while completions land in other CQs of the device
+    /// it found — nor while completions land in other CQs of the process
     /// (a program polling several CQs in turn gets to them first).
     pub(crate) fn empty(&self, now: u64, pushed: u64) -> bool {
         let now = now + 1;
@@ -516,7 +516,7 @@ mod tests {
         w.found(US);
         assert!(!w.empty(2 * US, 0));
         assert!(w.empty(3 * US, 0));
-        // While completions land in other CQs of the device, no park.
+        // While completions land in other CQs of the process, no park.
         assert!(!w.empty(4 * US, 1));
         assert!(!w.empty(5 * US, 2));
         assert!(w.empty(6 * US, 2));
