@@ -235,7 +235,7 @@ pub(crate) struct PollerWait {
     spin: AtomicU64,
     /// This streak parked at least once.
     parked: AtomicBool,
-    /// The device's count of pushed completions at the last empty poll.
+    /// The process's count of pushed completions at the last empty poll.
     pushed_seen: AtomicU64,
     budget: SpinBudget,
 }
