@@ -74,9 +74,7 @@ impl Bell {
     /// A completion was pushed: wakes the parked threads.
     pub(crate) fn ring(&self) {
         self.pushed.fetch_add(1, Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) > 0 {
-            let _ = self.fd.write(1);
-        }
+        self.wake();
     }
 
     /// Wakes the parked threads without a completion (a device going away).

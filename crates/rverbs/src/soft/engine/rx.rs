@@ -16,8 +16,7 @@ use rverbs_wire::PacketRepr;
 
 use super::slot::Transport;
 use super::{
-    in_flight_cost, mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER,
-    RX_PASS_TIME,
+    mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER, RX_PASS_TIME,
 };
 use crate::soft::memory::MrTable;
 use crate::soft::transport::RxDrop;
@@ -218,11 +217,6 @@ fn handle_datagram(
         Transport::Reset => (Err(RxDrop::NotReceiving), false),
         Transport::Rc(rc) => {
             let handled = rc.handle_packet(&p, now, mem);
-            // An ACK frees room in the device's in-flight budget: counted
-            // now, so the pass's flush can hand it to a QP that waits.
-            let counted = rc.in_flight() as usize * in_flight_cost(rc.mtu());
-            st.in_flight = st.in_flight.saturating_sub(slot.in_flight_counted) + counted;
-            slot.in_flight_counted = counted;
             (handled, rc.has_events())
         }
         Transport::Ud(ud) => {
@@ -230,6 +224,9 @@ fn handle_datagram(
             (handled, ud.has_events())
         }
     };
+    // An ACK frees room in the device's in-flight budget: counted now, so
+    // the pass's flush can hand it to a QP that waits.
+    slot.recount_in_flight(&mut st.in_flight);
     if let Err(reason) = handled {
         st.stats.count_drop(reason);
     }

@@ -17,6 +17,8 @@ use crate::soft::transport::{QpEvent, RecvWqe, SendWqe};
 use crate::wc::WorkCompletion;
 use crate::wr::QpState;
 
+use super::in_flight_cost;
+
 /// A completion queue refused a completion: it is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CqFull;
@@ -170,6 +172,16 @@ impl QpSlot {
             Transport::Rc(rc) => rc.state(),
             Transport::Ud(ud) => ud.state(),
         }
+    }
+
+    /// Counts again what this QP has in flight into the device's `total`
+    /// (see `State::in_flight`): after anything that may have changed it.
+    pub(super) fn recount_in_flight(&mut self, total: &mut usize) {
+        let counted = self
+            .rc()
+            .map_or(0, |rc| rc.in_flight() as usize * in_flight_cost(rc.mtu()));
+        *total = total.saturating_sub(self.in_flight_counted) + counted;
+        self.in_flight_counted = counted;
     }
 
     /// The RC/UC transport, if it is one.

@@ -424,10 +424,8 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         let mut no_room = false;
         let counted_before = slot.in_flight_counted;
         if let Transport::Rc(rc) = &mut slot.transport {
-            if !rc.counts_in_flight() {
-                // UC: nothing in flight to count, never held.
-                rc.set_window_cap(u32::MAX);
-            } else {
+            // (UC counts nothing and is never held.)
+            if rc.counts_in_flight() {
                 let others = in_flight.saturating_sub(counted_before);
                 let room = in_flight_limit.saturating_sub(others) / in_flight_cost(rc.mtu());
                 let room = u32::try_from(room).unwrap_or(u32::MAX);
@@ -579,16 +577,8 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         slot.deliver_events();
         // Count what it has in flight now; if the budget holds it, it waits
         // for room (at its old place if it never got any).
-        let counted = slot
-            .rc()
-            .map_or(0, |rc| rc.in_flight() as usize * in_flight_cost(rc.mtu()));
-        *in_flight = in_flight.saturating_sub(slot.in_flight_counted) + counted;
-        slot.in_flight_counted = counted;
-        if !slot.budget_queued
-            && slot
-                .rc()
-                .is_some_and(|rc| rc.counts_in_flight() && rc.held_by_window_cap())
-        {
+        slot.recount_in_flight(in_flight);
+        if !slot.budget_queued && slot.rc().is_some_and(RcQp::held_by_window_cap) {
             slot.budget_queued = true;
             if from_queue && no_room {
                 unserved.push(qpn);

@@ -2076,13 +2076,10 @@ fn uc_access_refusals_are_counted_apart() {
     );
 }
 
-/// Request packets that arrive ahead of the expected PSN (one before them
-/// was lost) are dropped and counted, each one (`out_of_sequence`), with
-/// one sequence NAK for the gap; once the missing packet comes, all are
-/// taken in order.
-#[test]
-fn out_of_sequence_requests_are_counted() {
-    let mut sim = Sim::new(4, LinkFaults::CLEAN);
+/// Side A posts three 16-byte SENDs (B has a receive WR for each, wr_ids
+/// from 100) and transmits them; the first is lost, B gets the other two
+/// (early). The three packets A sent.
+fn three_sends_first_lost(sim: &mut Sim) -> Vec<Vec<u8>> {
     let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
     let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
     for k in 0..3u64 {
@@ -2095,9 +2092,19 @@ fn out_of_sequence_requests_are_counted() {
     }
     let sent = sim.take_packets(0);
     assert_eq!(sent.len(), 3);
-    // The first is lost: the other two come early.
     sim.hand_over(1, &sent[1]);
     sim.hand_over(1, &sent[2]);
+    sent
+}
+
+/// Request packets that arrive ahead of the expected PSN (one before them
+/// was lost) are dropped and counted, each one (`out_of_sequence`), with
+/// one sequence NAK for the gap; once the missing packet comes, all are
+/// taken in order.
+#[test]
+fn out_of_sequence_requests_are_counted() {
+    let mut sim = Sim::new(4, LinkFaults::CLEAN);
+    let sent = three_sends_first_lost(&mut sim);
     let c = &sim.sides[1].qp.counters;
     assert_eq!((c.out_of_sequence, c.seq_naks_sent), (2, 1));
     assert!(sim.sides[1].recvs.is_empty(), "taken out of order");

@@ -385,7 +385,7 @@ impl RcQp {
     /// Resends are never held by the budget (they were counted when first
     /// sent): a QP waiting for room must not run out of retries meanwhile.
     fn window(&self) -> u32 {
-        if self.sends_new() {
+        if self.sends_new() && self.counts_in_flight() {
             self.req.cwnd.packets().min(self.req.window_cap)
         } else {
             self.req.cwnd.packets()
@@ -393,7 +393,8 @@ impl RcQp {
     }
 
     /// Whether its packets count in the device's budget: RC; a UC QP's are
-    /// never acknowledged, so it has none in flight and is never held.
+    /// never acknowledged, so it has none in flight and its window ignores
+    /// the cap.
     pub(crate) fn counts_in_flight(&self) -> bool {
         self.cfg.transport == Transport::Rc
     }

@@ -280,20 +280,7 @@ fn a_duplicated_sequence_nak_spends_one_retry() {
     let mut a = config(QPN[0], QPN[1]);
     a.retry_cnt = 1;
     let mut sim = Sim::with_configs(1, LinkFaults::CLEAN, a, config(QPN[1], QPN[0]));
-    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
-    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
-    for k in 0..3u64 {
-        sim.sides[1]
-            .qp
-            .post_recv(super::recv_wqe(100 + k, b_key, b_base + k * 64, 64));
-        sim.sides[0]
-            .qp
-            .post_send(send_wqe(k, WrOpcode::Send, a_key, a_base, 16));
-    }
-    let sent = sim.take_packets(0);
-    assert_eq!(sent.len(), 3);
-    sim.hand_over(1, &sent[1]);
-    sim.hand_over(1, &sent[2]);
+    super::three_sends_first_lost(&mut sim);
     let nak = sim.take_packets(1);
     assert_eq!(nak.len(), 1, "one NAK for the gap");
     sim.hand_over(0, &nak[0]);

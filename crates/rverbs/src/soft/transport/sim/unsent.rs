@@ -88,8 +88,9 @@ fn all_succeeded(n: u64) -> Vec<(u64, WcStatus)> {
 /// own MR at `a_base`: `(sim, a_key, a_base, B's bytes)`.
 fn posted_read(seed: usize, len: usize) -> (Sim, u32, u64, Vec<u8>) {
     let mut sim = Sim::new(1, LinkFaults::CLEAN);
-    let (a_key, a_base) = register(&sim.sides[0].mem, 4096, all_access());
-    let (b_key, b_base) = register(&sim.sides[1].mem, 4096, all_access());
+    let mr_len = len.max(4096);
+    let (a_key, a_base) = register(&sim.sides[0].mem, mr_len, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, mr_len, all_access());
     let real = message(seed, len);
     sim.sides[1].mem.write_for_test(b_key, b_base, &real);
     sim.sides[0].qp.post_send(send_wqe(
@@ -179,21 +180,7 @@ fn a_read_response_past_the_chunk_asked_for_is_ignored() {
     // window is 64): a response beyond the chunk was never asked for. Taken
     // as a sign of lost responses, it cut the window and went back.
     const LEN: usize = 256 * 1024;
-    let mut sim = Sim::new(1, LinkFaults::CLEAN);
-    let (a_key, a_base) = register(&sim.sides[0].mem, LEN, all_access());
-    let (b_key, b_base) = register(&sim.sides[1].mem, LEN, all_access());
-    let real = message(6, LEN);
-    sim.sides[1].mem.write_for_test(b_key, b_base, &real);
-    sim.sides[0].qp.post_send(send_wqe(
-        0,
-        WrOpcode::RdmaRead {
-            remote_addr: b_base,
-            rkey: b_key,
-        },
-        a_key,
-        a_base,
-        LEN as u32,
-    ));
+    let (mut sim, a_key, a_base, real) = posted_read(6, LEN);
     let request = sim.take_packets(0);
     assert_eq!(request.len(), 1, "one READ request, for the first chunk");
     let fake = [0xee; 1024];
