@@ -10,6 +10,7 @@
 //!   then sleep on the socket and a completion bell);
 //! - `qpn`: where QP numbers come from (unpredictable, unique);
 //! - `multicast`: UD multicast groups;
+//! - `gsi`: QP 1, where the connection manager's MADs come and go;
 //! - `stats`: the counters.
 //!
 //! The engine knows the MR table, its socket, its limits and its
@@ -48,6 +49,7 @@
 //! packets are checked for that header first; for other senders the ID is
 //! solved for (`rx`).
 
+mod gsi;
 mod multicast;
 mod park;
 mod qpn;
@@ -79,6 +81,9 @@ use crate::soft::transport::ud::MULTICAST_QPN;
 use crate::soft::transport::{PayloadRef, RecvWqe};
 use crate::wr::QpState;
 
+use gsi::GsiInbox;
+#[allow(unused_imports)] // the connection manager's service uses them next
+pub(crate) use gsi::{GsiPort, Mad, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
@@ -195,6 +200,8 @@ struct State {
     budget_queue: VecDeque<u32>,
     /// The order a flush serves QPs in (kept for its capacity).
     flush_order: Vec<u32>,
+    /// Where MADs for QP 1 go (see `gsi`).
+    gsi: Arc<GsiInbox>,
 }
 
 /// What one packet in flight is taken to cost a receiving socket's buffer:
@@ -347,6 +354,7 @@ impl Engine {
                 in_flight_limit: in_flight_limit(rx_buffer),
                 budget_queue: VecDeque::new(),
                 flush_order: Vec::new(),
+                gsi: Arc::new(GsiInbox::new()?),
                 #[cfg(feature = "fault-injection")]
                 armed_panic: None,
             }),
@@ -502,10 +510,28 @@ impl Engine {
     pub(crate) fn stats(&self) -> NetStats {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut stats = st.stats;
+        (stats.mads_sent, stats.mads_send_errors) = st.gsi.sent();
         for slot in st.qps.values() {
             slot.add_counters(&mut stats);
         }
         stats
+    }
+
+    /// Opens the device's QP 1 for its connection manager: from now on,
+    /// MADs received are queued for the port (see `gsi`). One port at a
+    /// time: EBUSY while another is open; ENODEV once the engine failed or
+    /// its socket closed.
+    #[allow(dead_code)] // the connection manager's service opens it next
+    pub(crate) fn open_gsi(&self) -> io::Result<GsiPort> {
+        let (inbox, socket) = self
+            .locked(|st| {
+                let socket = st.socket.as_ref().map(UdpSocket::try_clone);
+                (Arc::clone(&st.gsi), socket)
+            })
+            .map_err(|Failed| io::Error::from(nix::errno::Errno::ENODEV))?;
+        let socket = socket.ok_or_else(|| io::Error::from(nix::errno::Errno::ENODEV))??;
+        GsiPort::new(inbox, socket, self.local_addr)
+            .ok_or_else(|| io::Error::from(nix::errno::Errno::EBUSY))
     }
 
     /// Puts a QP on the wire (in RESET) under a fresh QP number: 24 bits,
@@ -935,7 +961,7 @@ pub(crate) fn peer_endpoint(ip: IpAddr) -> SocketAddr {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::HashSet;
 
     use super::*;
@@ -956,7 +982,7 @@ mod tests {
         fn srq_limit_reached(&self) {}
     }
 
-    fn engine() -> Engine {
+    pub(super) fn engine() -> Engine {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         let limits = EngineLimits {
             max_mcast_grp: 0,

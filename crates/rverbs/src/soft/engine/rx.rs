@@ -14,6 +14,7 @@ use rverbs_wire::icrc::{self, IpUdpHeaders, Ipv4IdSolver};
 use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
 
+use super::gsi::{self, GSI_QPN};
 use super::slot::Transport;
 use super::{
     mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER, RX_PASS_TIME,
@@ -203,6 +204,10 @@ fn handle_datagram(
         return false;
     };
     let qpn = p.bth.dest_qp;
+    if qpn == GSI_QPN {
+        gsi::receive(st, peer, &p);
+        return false;
+    }
     let Some(slot) = st.qps.get_mut(&qpn) else {
         st.stats.rx_unknown_qp += 1;
         return false;

@@ -125,6 +125,17 @@ counters_struct! {
         pub qkey_violations: u64,
         /// UD packets dropped because their QP had no receive WR posted.
         pub ud_no_recv_wr: u64,
+        /// MADs received on QP 1 and handed to the connection manager.
+        pub mads_received: u64,
+        /// Packets for QP 1 dropped: not a 256-byte MAD in a UD SEND ONLY,
+        /// a wrong Q_Key (also in `qkey_violations`) or P_Key (also in
+        /// `rx_bad_pkey`), no connection manager running, or its queue full.
+        pub mads_dropped: u64,
+        /// MADs sent from QP 1.
+        pub mads_sent: u64,
+        /// MADs the kernel refused to send (a full socket buffer, an
+        /// unreachable network); the connection manager resends.
+        pub mads_send_errors: u64,
     }
 }
 
