@@ -10,103 +10,20 @@
 //! table (`size_of`, `align_of`, `offset_of!`). Any difference fails the test
 //! with the full list.
 //!
-//! Without `cc` or without the header (package libibverbs-dev) the test is
-//! skipped with a message, unless the `CI` environment variable is set: then
-//! it fails. `abi_md_numbers` checks the layout facts of
-//! shared/design/ABI.md on the Rust side alone, so it always runs.
+//! The table macros and the compile-run-compare step are shared with
+//! `tests/layout_rdmacm.rs` (`layout_harness`). Without `cc` or without the
+//! header (package libibverbs-dev) the test is skipped with a message,
+//! unless the `CI` environment variable is set: then it fails.
+//! `abi_md_numbers` checks the layout facts of shared/design/ABI.md on the
+//! Rust side alone, so it always runs.
 
-use std::fmt::Write as _;
-use std::mem::{align_of, offset_of, size_of};
-use std::path::PathBuf;
-use std::process::Command;
+#[macro_use]
+mod layout_harness;
 
+use std::mem::{offset_of, size_of};
+
+use layout_harness::{i, Check};
 use rverbs_ibverbs_abi::abi::*;
-
-/// One number computed on both sides.
-struct Check {
-    /// What is measured, for the mismatch report.
-    what: String,
-    /// The C expression (an integer) the generated program prints.
-    c_expr: String,
-    /// The Rust side's value.
-    rust: i64,
-}
-
-/// `size_of::<F>()` for the type `F` of the field the (never called) closure
-/// projects to.
-fn field_size<T, F>(_project: fn(*const T) -> *const F) -> usize {
-    size_of::<F>()
-}
-
-/// Joins a field path's identifiers with `.`, dropping the `r#` of raw
-/// identifiers (`r#priv` is C's `priv`).
-fn c_path(idents: &[&str]) -> String {
-    idents
-        .iter()
-        .map(|i| i.trim_start_matches("r#"))
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-fn i(n: usize) -> i64 {
-    i64::try_from(n).expect("size fits in i64")
-}
-
-/// The layout table. Each entry is `struct|union name { field paths }`; a
-/// path is the Rust path, and `=> "c.path"` gives the C spelling when it
-/// differs (members of C's anonymous unions, which Rust has to name).
-macro_rules! layout_table {
-    ($( $kind:ident $ty:ident { $( $($f:ident).+ $(=> $c:literal)? ),* $(,)? } )*) => {{
-        let mut checks: Vec<Check> = Vec::new();
-        $(
-            let c_ty = concat!(stringify!($kind), " ", stringify!($ty));
-            checks.push(Check {
-                what: format!("sizeof({c_ty})"),
-                c_expr: format!("sizeof({c_ty})"),
-                rust: i(size_of::<$ty>()),
-            });
-            checks.push(Check {
-                what: format!("_Alignof({c_ty})"),
-                c_expr: format!("_Alignof({c_ty})"),
-                rust: i(align_of::<$ty>()),
-            });
-            $(
-                let path: String = None::<&str>
-                    $(.or(Some($c)))?
-                    .map(str::to_string)
-                    .unwrap_or_else(|| c_path(&[$(stringify!($f)),+]));
-                checks.push(Check {
-                    what: format!("offsetof({c_ty}, {path})"),
-                    c_expr: format!("offsetof({c_ty}, {path})"),
-                    rust: i(offset_of!($ty, $($f).+)),
-                });
-                checks.push(Check {
-                    what: format!("sizeof((({c_ty} *)0)->{path})"),
-                    c_expr: format!("sizeof((({c_ty} *)0)->{path})"),
-                    // SAFETY: the closure is never called; it only names the
-                    // field's type.
-                    rust: i(field_size(|p: *const $ty| unsafe {
-                        std::ptr::addr_of!((*p).$($f).+)
-                    })),
-                });
-            )*
-        )*
-        checks
-    }};
-}
-
-/// Constants whose Rust value must equal verbs.h's.
-macro_rules! const_table {
-    ($($name:ident),* $(,)?) => {
-        vec![$(
-            Check {
-                what: stringify!($name).to_string(),
-                c_expr: stringify!($name).to_string(),
-                rust: $name as i64,
-            },
-        )*]
-    };
-}
 
 /// Every type of the `abi` module with every field path.
 fn layout_checks() -> Vec<Check> {
@@ -547,116 +464,14 @@ fn all_checks() -> Vec<Check> {
     checks
 }
 
-/// The C program: prints `<index> <value>` for every check.
-fn c_program(checks: &[Check]) -> String {
-    let mut src = String::from(
-        "#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n\
-         #include <infiniband/verbs.h>\n\nint main(void)\n{\n",
-    );
-    for (n, check) in checks.iter().enumerate() {
-        writeln!(
-            src,
-            "\tprintf(\"{n} %lld\\n\", (long long)({}));",
-            check.c_expr
-        )
-        .expect("writing to a String");
-    }
-    src.push_str("\treturn 0;\n}\n");
-    src
-}
-
-/// Without a compiler or the header: skip, or fail under CI.
-fn unavailable(why: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("layout check impossible: {why} (CI is set, so this is a failure)");
-    }
-    eprintln!("SKIPPED layout check against verbs.h: {why}");
-}
-
-fn cc() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
-}
-
-fn work_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rverbs-ibverbs-abi-layout");
-    std::fs::create_dir_all(&dir).expect("create the test's temporary directory");
-    dir
-}
-
-/// Whether `cc` exists and finds `<infiniband/verbs.h>`; reports why not.
-fn toolchain_ready(dir: &std::path::Path) -> bool {
-    let probe = dir.join("probe.c");
-    std::fs::write(&probe, "#include <infiniband/verbs.h>\n").expect("write probe.c");
-    match Command::new(cc()).arg("-E").arg(&probe).output() {
-        Err(e) => {
-            unavailable(&format!("cannot run `{}`: {e}", cc()));
-            false
-        }
-        Ok(out) if !out.status.success() => {
-            unavailable(&format!(
-                "`{} -E` cannot include <infiniband/verbs.h> (install libibverbs-dev): {}",
-                cc(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-            false
-        }
-        Ok(_) => true,
-    }
-}
-
 #[test]
 fn layout_matches_verbs_h() {
-    let dir = work_dir();
-    if !toolchain_ready(&dir) {
-        return;
-    }
-    let checks = all_checks();
-    let src = dir.join("layout.c");
-    let exe = dir.join("layout");
-    std::fs::write(&src, c_program(&checks)).expect("write layout.c");
-    let out = Command::new(cc())
-        .args(["-std=gnu11", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "compiling {} failed (a field or constant in the table is not in verbs.h?):\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
+    layout_harness::run(
+        "rverbs-ibverbs-abi-layout",
+        &["infiniband/verbs.h"],
+        "libibverbs-dev",
+        &all_checks(),
     );
-    let run = Command::new(&exe).output().expect("run the layout program");
-    assert!(
-        run.status.success(),
-        "{} failed: {:?}",
-        exe.display(),
-        run.status
-    );
-
-    let mut c_values: Vec<Option<i64>> = vec![None; checks.len()];
-    for line in String::from_utf8(run.stdout).expect("ASCII output").lines() {
-        let (n, value) = line.split_once(' ').expect("`<index> <value>` lines");
-        let n: usize = n.parse().expect("index");
-        c_values[n] = Some(value.parse().expect("value"));
-    }
-
-    let mut mismatches = Vec::new();
-    for (check, c) in checks.iter().zip(&c_values) {
-        match c {
-            Some(c) if *c == check.rust => {}
-            Some(c) => mismatches.push(format!("{}: C {c}, Rust {}", check.what, check.rust)),
-            None => mismatches.push(format!("{}: no value from the C program", check.what)),
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "{} of {} layout/constant checks differ from verbs.h:\n  {}",
-        mismatches.len(),
-        checks.len(),
-        mismatches.join("\n  ")
-    );
-    eprintln!("{} layout/constant checks match verbs.h", checks.len());
 }
 
 /// The facts of shared/design/ABI.md, on the Rust side alone.

@@ -26,6 +26,9 @@
 //!
 //! `__be16`/`__be32`/`__be64` fields hold network byte order, as in C.
 //!
+//! The rdma_cm's types (`<rdma/rdma_cma.h>`, librdmacm) are in [`rdmacm`],
+//! not re-exported here: they are a second header, built on this one.
+//!
 //! Every struct is plain old data: `Copy`, and `Default` is all-zero (null
 //! pointers, `None` slots, zero integers, pthread objects equal to their
 //! static initializers).
@@ -46,8 +49,9 @@ macro_rules! zeroed_default {
                 // SAFETY: the type is plain-old-data mirroring a C struct or
                 // union: its fields are integers, arrays of integers, raw
                 // pointers, `Option`s of function pointers, other such types,
-                // and glibc's `pthread_mutex_t`/`pthread_cond_t` (byte arrays
-                // whose all-zero value is also PTHREAD_*_INITIALIZER). For
+                // glibc's `pthread_mutex_t`/`pthread_cond_t` (byte arrays
+                // whose all-zero value is also PTHREAD_*_INITIALIZER) and
+                // glibc's socket addresses (integers and byte arrays). For
                 // each of those all-zero bytes is a valid value.
                 unsafe { core::mem::zeroed() }
             }
@@ -70,6 +74,7 @@ macro_rules! opaque {
 pub mod consts;
 mod context;
 mod device;
+pub mod rdmacm;
 mod resources;
 mod wr;
 

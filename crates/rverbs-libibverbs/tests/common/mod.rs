@@ -27,6 +27,8 @@ pub fn library() -> PathBuf {
         "rverbs-ibverbs-abi",
         "rverbs",
         "rverbs-wire",
+        // The version script's generator (build.rs includes it).
+        "../build-support",
     ]
     .iter()
     .map(|c| newest_source(&crates.join(c)))
