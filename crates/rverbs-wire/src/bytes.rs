@@ -32,3 +32,31 @@ pub(crate) fn set_u32(b: &mut [u8], at: usize, v: u32) {
 pub(crate) fn set_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_be_bytes());
 }
+
+/// Reads `width` bits of byte `b` starting at `bit`, counted from the most
+/// significant bit (the IBTA's `Byte[Bit]` notation: bit 0 is 0x80).
+pub(crate) const fn get_bits(b: u8, bit: u32, width: u32) -> u8 {
+    let mask = (1u16 << width) - 1;
+    ((b as u16 >> (8 - bit - width)) & mask) as u8
+}
+
+/// Writes the low `width` bits of `v` into byte `at` at `bit` (counted from
+/// the most significant bit), keeping the byte's other bits.
+pub(crate) fn set_bits(b: &mut [u8], at: usize, bit: u32, width: u32, v: u8) {
+    let mask = (((1u16 << width) - 1) << (8 - bit - width)) as u8;
+    let shifted = ((u16::from(v) << (8 - bit - width)) as u8) & mask;
+    b[at] = (b[at] & !mask) | shifted;
+}
+
+/// Reads the high 20 bits of the 32-bit word at `at` (a GRH-style flow label
+/// followed by four other bits).
+pub(crate) fn get_hi20(b: &[u8], at: usize) -> u32 {
+    get_u32(b, at) >> 12
+}
+
+/// Writes the low 20 bits of `v` as the high 20 bits of the word at `at`,
+/// keeping the word's low 12 bits.
+pub(crate) fn set_hi20(b: &mut [u8], at: usize, v: u32) {
+    let low = get_u32(b, at) & 0xfff;
+    set_u32(b, at, ((v & 0x000f_ffff) << 12) | low);
+}

@@ -52,6 +52,16 @@ pub enum Error {
     /// An IP header that is not IPv4 or IPv6, or is malformed.
     #[error("bad IP header: {0}")]
     BadIpHeader(&'static str),
+    /// A field of a MAD, a CM message or an RDMA IP CM header holds a value
+    /// the spec reserves, or one this crate does not handle (another
+    /// management class, an attribute with no representation).
+    #[error("{field} holds {value:#x}, which is reserved or unsupported")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What it holds.
+        value: u32,
+    },
 }
 
 /// Result of parsing.
