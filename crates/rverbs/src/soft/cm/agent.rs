@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use crate::attr::{Gid, Mtu};
 
 use super::msg::{
-    CmBytes, CmMessage, CmTransport, Dreq, Drep, MsgKind, MsgResponse, Mra, PathInfo, Rej,
+    CmBytes, CmMessage, CmTransport, Drep, Dreq, Mra, MsgKind, MsgResponse, PathInfo, Rej,
     RejReason, Rep, Req, Rtu, SidrRep, SidrReq, SidrStatus, TooLong, ADDITIONAL_INFO,
-    DREP_PRIVATE_DATA, DREQ_PRIVATE_DATA, REJ_PRIVATE_DATA, REP_PRIVATE_DATA, SIDR_REP_PRIVATE_DATA,
-    SIDR_REQ_PRIVATE_DATA,
+    DREP_PRIVATE_DATA, DREQ_PRIVATE_DATA, REJ_PRIVATE_DATA, REP_PRIVATE_DATA,
+    SIDR_REP_PRIVATE_DATA, SIDR_REQ_PRIVATE_DATA,
 };
 
 /// A connection (or SIDR request) as the agent's user names it. Never
@@ -609,8 +609,16 @@ struct Index {
 impl Index {
     fn unlink_remote(&mut self, id: ConnId, c: &mut Conn) {
         if c.remote_indexed {
-            remove_if(&mut self.by_remote_id, &(c.remote_ca_guid, c.remote_comm_id), id);
-            remove_if(&mut self.by_remote_qpn, &(c.remote_ca_guid, c.remote_qpn), id);
+            remove_if(
+                &mut self.by_remote_id,
+                &(c.remote_ca_guid, c.remote_comm_id),
+                id,
+            );
+            remove_if(
+                &mut self.by_remote_qpn,
+                &(c.remote_ca_guid, c.remote_qpn),
+                id,
+            );
             c.remote_indexed = false;
         }
         if c.sidr_indexed {
@@ -778,6 +786,34 @@ impl CmAgent {
     /// A connection's state.
     pub(crate) fn state(&self, conn: ConnId) -> Option<ConnState> {
         self.conns.get(&conn).map(|c| c.state)
+    }
+
+    /// Entries in the lookup tables plus half-open connections and
+    /// listeners' pending counts: 0 when nothing is held.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.index.by_comm_id.len()
+            + self.index.by_remote_id.len()
+            + self.index.by_remote_qpn.len()
+            + self.index.sidr_by_remote.len()
+            + self.half_open
+            + self
+                .listeners
+                .values()
+                .map(|l| l.pending as usize)
+                .sum::<usize>()
+    }
+
+    /// Passive connections not yet established.
+    #[cfg(test)]
+    pub(crate) fn half_open(&self) -> usize {
+        self.half_open
+    }
+
+    /// Messages and events waiting to be polled.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> (usize, usize) {
+        (self.out.transmits.len(), self.out.events.len())
     }
 
     /// This agent's port GID.
@@ -1044,9 +1080,7 @@ impl CmAgent {
             (Role::Passive, ConnState::RepSent | ConnState::MraRepRcvd) => {
                 (MsgResponse::Other, true)
             }
-            (Role::Active, ConnState::RepRcvd | ConnState::MraRepSent) => {
-                (MsgResponse::Rep, false)
-            }
+            (Role::Active, ConnState::RepRcvd | ConnState::MraRepSent) => (MsgResponse::Rep, false),
             (_, state) => return Err(CmError::InvalidState(state)),
         };
         let rej = rej_for(c, rejected, RejReason::ConsumerDefined, pd);
@@ -1425,7 +1459,11 @@ impl CmAgent {
             self.on_duplicate_req(id);
             return;
         }
-        if let Some(&old) = self.index.by_remote_qpn.get(&(req.local_ca_guid, req.local_qpn)) {
+        if let Some(&old) = self
+            .index
+            .by_remote_qpn
+            .get(&(req.local_ca_guid, req.local_qpn))
+        {
             // A new REQ from a QP we still hold a connection with: that
             // connection is stale (IBA 12.9.8.3.1).
             self.out.send(
@@ -1661,7 +1699,7 @@ impl CmAgent {
                 self.out.send(from, mra);
                 return;
             }
-            ConnState::MraRepSent | ConnState::Established => {
+            ConnState::MraRepSent | ConnState::Established if c.role == Role::Active => {
                 // Our MRA or RTU was lost: send it again.
                 self.out.stats.duplicates += 1;
                 if let Some(reply) = c.reply.clone() {
@@ -1674,11 +1712,19 @@ impl CmAgent {
                 return;
             }
         }
-        if self.index.by_remote_id.contains_key(&(rep.local_ca_guid, rep.local_comm_id)) {
+        if self
+            .index
+            .by_remote_id
+            .contains_key(&(rep.local_ca_guid, rep.local_comm_id))
+        {
             self.out.drop_msg(DropReason::Duplicate);
             return;
         }
-        if let Some(&old) = self.index.by_remote_qpn.get(&(rep.local_ca_guid, rep.local_qpn)) {
+        if let Some(&old) = self
+            .index
+            .by_remote_qpn
+            .get(&(rep.local_ca_guid, rep.local_qpn))
+        {
             let mut rej = rej_reply(
                 rep.tid,
                 rep.local_comm_id,
@@ -1742,8 +1788,7 @@ impl CmAgent {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if c.role != Role::Passive
-            || !matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd)
+        if c.role != Role::Passive || !matches!(c.state, ConnState::RepSent | ConnState::MraRepRcvd)
         {
             self.out.stats.duplicates += 1;
             self.out.drop_msg(DropReason::Duplicate);
@@ -1758,11 +1803,7 @@ impl CmAgent {
     fn on_dreq(&mut self, now: Instant, from: Gid, dreq: Dreq) {
         let id = self
             .addressed(from, dreq.remote_comm_id, Some(dreq.local_comm_id))
-            .filter(|id| {
-                self.conns
-                    .get(id)
-                    .is_some_and(|c| c.local_qpn == dreq.remote_qpn && c.remote_comm_id != 0)
-            });
+            .filter(|id| self.conns.get(id).is_some_and(|c| c.remote_comm_id != 0));
         let Some(id) = id else {
             // Answer anyway, so a peer whose DREP was lost after we freed
             // the connection stops resending (as the kernel's CM does).
@@ -1778,6 +1819,15 @@ impl CmAgent {
             );
             return;
         };
+        if self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.local_qpn != dreq.remote_qpn)
+        {
+            // The IDs are ours but the QP is not: not for this connection.
+            self.out.drop_msg(DropReason::Malformed);
+            return;
+        }
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
@@ -1831,7 +1881,11 @@ impl CmAgent {
     }
 
     fn on_sidr_req(&mut self, from: Gid, req: SidrReq) {
-        if self.index.sidr_by_remote.contains_key(&(from, req.request_id)) {
+        if self
+            .index
+            .sidr_by_remote
+            .contains_key(&(from, req.request_id))
+        {
             self.out.stats.duplicates += 1;
             self.out.drop_msg(DropReason::Duplicate);
             return;

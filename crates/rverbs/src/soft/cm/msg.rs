@@ -35,7 +35,10 @@ impl<const N: usize> CmBytes<N> {
 
     /// No bytes.
     pub(crate) fn empty() -> Self {
-        CmBytes { len: 0, buf: [0; N] }
+        CmBytes {
+            len: 0,
+            buf: [0; N],
+        }
     }
 
     /// A copy of `data`, if it fits.
@@ -633,6 +636,8 @@ mod tests {
         assert_eq!(pd.as_slice(), b"hi");
         assert_eq!(CmBytes::<RTU_PRIVATE_DATA>::MAX, 224);
         assert_eq!(format!("{pd:?}"), "[68, 69]");
-        assert!(CmBytes::<DREP_PRIVATE_DATA>::default().as_slice().is_empty());
+        assert!(CmBytes::<DREP_PRIVATE_DATA>::default()
+            .as_slice()
+            .is_empty());
     }
 }
