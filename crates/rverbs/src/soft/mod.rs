@@ -9,9 +9,11 @@
 //! engine (its socket, QP table and progress) and `transport` the sans-IO
 //! state machines it drives; a QP's completions and events come up through
 //! `engine::QpEvents`, which `qp::QpCore` implements, and every local and
-//! remote access is checked through `memory::MrTable`.
+//! remote access is checked through `memory::MrTable`. `cm` is the
+//! connection manager's protocol core (sans-IO, like `transport`).
 
 pub(crate) mod channel;
+pub(crate) mod cm;
 pub(crate) mod config;
 pub(crate) mod context;
 pub(crate) mod counters;
