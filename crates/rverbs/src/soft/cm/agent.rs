@@ -1182,7 +1182,7 @@ impl CmAgent {
             ConnState::SidrReqRcvd => Some(CmMessage::SidrRep(Box::new(SidrRep {
                 tid: c.tid,
                 request_id: c.remote_comm_id,
-                status: SidrStatus::Rejected,
+                status: SidrStatus::Reject,
                 qpn: 0,
                 service_id: c.service_id,
                 qkey: 0,
@@ -1903,8 +1903,7 @@ impl CmAgent {
             }))
         };
         let Some(&listen) = self.listen_by_service.get(&req.service_id) else {
-            self.out
-                .send(from, sidr_rep(SidrStatus::ServiceIdNotSupported));
+            self.out.send(from, sidr_rep(SidrStatus::Unsupported));
             return;
         };
         if self.out.events.len() >= self.config.max_queued_events
@@ -1919,7 +1918,7 @@ impl CmAgent {
         if l.pending >= l.backlog {
             // The kernel's CM answers a SIDR_REQ its user refused so.
             self.out.drop_msg(DropReason::BacklogFull);
-            self.out.send(from, sidr_rep(SidrStatus::Rejected));
+            self.out.send(from, sidr_rep(SidrStatus::Reject));
             return;
         }
         l.pending += 1;

@@ -94,6 +94,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod agent;
+pub(crate) mod codec;
 pub(crate) mod msg;
 
 #[cfg(test)]

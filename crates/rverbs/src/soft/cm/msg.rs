@@ -119,187 +119,10 @@ pub(crate) enum MsgResponse {
     Other,
 }
 
-/// Why a REJ rejects (`enum ib_cm_rej_reason`, IBA table 112). Values the
-/// spec does not define come through as `Unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RejReason {
-    /// 1: no QP available.
-    NoQp,
-    /// 2: no EE context available.
-    NoEec,
-    /// 3: no resources available.
-    NoResources,
-    /// 4: timeout (the active side gave up on its REQ).
-    Timeout,
-    /// 5: unsupported request.
-    Unsupported,
-    /// 6: invalid communication ID.
-    InvalidCommId,
-    /// 7: invalid communication instance.
-    InvalidCommInstance,
-    /// 8: invalid service ID (nobody listens).
-    InvalidServiceId,
-    /// 9: invalid transport service type.
-    InvalidTransportType,
-    /// 10: stale connection.
-    StaleConn,
-    /// 11: RDC does not exist.
-    RdcNotExist,
-    /// 12: invalid primary GID.
-    InvalidGid,
-    /// 13: invalid primary LID.
-    InvalidLid,
-    /// 14: invalid primary SL.
-    InvalidSl,
-    /// 15: invalid primary traffic class.
-    InvalidTrafficClass,
-    /// 16: invalid primary hop limit.
-    InvalidHopLimit,
-    /// 17: invalid primary packet rate.
-    InvalidPacketRate,
-    /// 18: invalid alternate GID.
-    InvalidAltGid,
-    /// 19: invalid alternate LID.
-    InvalidAltLid,
-    /// 20: invalid alternate SL.
-    InvalidAltSl,
-    /// 21: invalid alternate traffic class.
-    InvalidAltTrafficClass,
-    /// 22: invalid alternate hop limit.
-    InvalidAltHopLimit,
-    /// 23: invalid alternate packet rate.
-    InvalidAltPacketRate,
-    /// 24: port and CM redirection.
-    PortCmRedirect,
-    /// 25: port redirection.
-    PortRedirect,
-    /// 26: invalid path MTU.
-    InvalidMtu,
-    /// 27: insufficient responder resources.
-    InsufficientRespResources,
-    /// 28: consumer-defined (the application rejected).
-    ConsumerDefined,
-    /// 29: invalid RNR retry count.
-    InvalidRnrRetry,
-    /// 30: duplicate local communication ID.
-    DuplicateLocalCommId,
-    /// 31: invalid class version.
-    InvalidClassVersion,
-    /// 32: invalid primary flow label.
-    InvalidFlowLabel,
-    /// 33: invalid alternate flow label.
-    InvalidAltFlowLabel,
-    /// 35: vendor option not supported.
-    VendorOptionNotSupported,
-    /// Any other value, as received.
-    Unknown(u16),
-}
-
-/// The defined reasons with their codes, in code order.
-const REJ_REASONS: [(RejReason, u16); 34] = [
-    (RejReason::NoQp, 1),
-    (RejReason::NoEec, 2),
-    (RejReason::NoResources, 3),
-    (RejReason::Timeout, 4),
-    (RejReason::Unsupported, 5),
-    (RejReason::InvalidCommId, 6),
-    (RejReason::InvalidCommInstance, 7),
-    (RejReason::InvalidServiceId, 8),
-    (RejReason::InvalidTransportType, 9),
-    (RejReason::StaleConn, 10),
-    (RejReason::RdcNotExist, 11),
-    (RejReason::InvalidGid, 12),
-    (RejReason::InvalidLid, 13),
-    (RejReason::InvalidSl, 14),
-    (RejReason::InvalidTrafficClass, 15),
-    (RejReason::InvalidHopLimit, 16),
-    (RejReason::InvalidPacketRate, 17),
-    (RejReason::InvalidAltGid, 18),
-    (RejReason::InvalidAltLid, 19),
-    (RejReason::InvalidAltSl, 20),
-    (RejReason::InvalidAltTrafficClass, 21),
-    (RejReason::InvalidAltHopLimit, 22),
-    (RejReason::InvalidAltPacketRate, 23),
-    (RejReason::PortCmRedirect, 24),
-    (RejReason::PortRedirect, 25),
-    (RejReason::InvalidMtu, 26),
-    (RejReason::InsufficientRespResources, 27),
-    (RejReason::ConsumerDefined, 28),
-    (RejReason::InvalidRnrRetry, 29),
-    (RejReason::DuplicateLocalCommId, 30),
-    (RejReason::InvalidClassVersion, 31),
-    (RejReason::InvalidFlowLabel, 32),
-    (RejReason::InvalidAltFlowLabel, 33),
-    (RejReason::VendorOptionNotSupported, 35),
-];
-
-impl RejReason {
-    /// The reason a wire code stands for.
-    pub(crate) fn from_code(code: u16) -> RejReason {
-        REJ_REASONS
-            .iter()
-            .find(|(_, c)| *c == code)
-            .map_or(RejReason::Unknown(code), |(r, _)| *r)
-    }
-
-    /// The wire code.
-    pub(crate) fn code(self) -> u16 {
-        match self {
-            RejReason::Unknown(code) => code,
-            known => REJ_REASONS
-                .iter()
-                .find(|(r, _)| *r == known)
-                .map_or(0, |(_, c)| *c),
-        }
-    }
-}
-
-/// A SIDR_REP's status (`enum ib_cm_sidr_status`, IBA table 119).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SidrStatus {
-    /// 0: the QPN and Q_Key are valid.
-    Valid,
-    /// 1: the service ID is not supported (nobody listens).
-    ServiceIdNotSupported,
-    /// 2: the service provider rejected the request.
-    Rejected,
-    /// 3: no QP available.
-    NoQp,
-    /// 4: redirect (additional information holds where to).
-    Redirect,
-    /// 5: unsupported class version.
-    UnsupportedClassVersion,
-    /// Any other value, as received.
-    Unknown(u8),
-}
-
-impl SidrStatus {
-    /// The status a wire code stands for.
-    pub(crate) fn from_code(code: u8) -> SidrStatus {
-        match code {
-            0 => SidrStatus::Valid,
-            1 => SidrStatus::ServiceIdNotSupported,
-            2 => SidrStatus::Rejected,
-            3 => SidrStatus::NoQp,
-            4 => SidrStatus::Redirect,
-            5 => SidrStatus::UnsupportedClassVersion,
-            other => SidrStatus::Unknown(other),
-        }
-    }
-
-    /// The wire code.
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            SidrStatus::Valid => 0,
-            SidrStatus::ServiceIdNotSupported => 1,
-            SidrStatus::Rejected => 2,
-            SidrStatus::NoQp => 3,
-            SidrStatus::Redirect => 4,
-            SidrStatus::UnsupportedClassVersion => 5,
-            SidrStatus::Unknown(code) => code,
-        }
-    }
-}
+/// Why a REJ rejects, and a SIDR_REP's status: the wire crate's codes
+/// (`enum ib_cm_rej_reason`, `enum ib_cm_sidr_status`), one list for the
+/// agent and the codec.
+pub(crate) use rverbs_wire::{RejReason, SidrStatus};
 
 /// A REQ's primary path, from the sender's view ("local" = the active
 /// side). On RoCE the GIDs are the ports' IP addresses (IPv4-mapped) and
@@ -613,7 +436,7 @@ mod tests {
         assert_eq!(RejReason::from_code(8), RejReason::InvalidServiceId);
         assert_eq!(RejReason::from_code(10), RejReason::StaleConn);
         assert_eq!(RejReason::from_code(28), RejReason::ConsumerDefined);
-        assert_eq!(RejReason::from_code(34), RejReason::Unknown(34));
+        assert_eq!(RejReason::from_code(34), RejReason::Other(34));
         assert_eq!(RejReason::VendorOptionNotSupported.code(), 35);
     }
 
@@ -622,7 +445,7 @@ mod tests {
         for code in 0..=u8::MAX {
             assert_eq!(SidrStatus::from_code(code).code(), code);
         }
-        assert_eq!(SidrStatus::from_code(1), SidrStatus::ServiceIdNotSupported);
+        assert_eq!(SidrStatus::from_code(1), SidrStatus::Unsupported);
     }
 
     #[test]

@@ -798,14 +798,14 @@ fn sidr_request_and_reply() {
     };
     assert_eq!(net.b.stats().drops.duplicate, 1);
     net.b
-        .sidr_reply(now, b, SidrStatus::Valid, 0x42, 0x1234_5678, b"me")
+        .sidr_reply(now, b, SidrStatus::Success, 0x42, 0x1234_5678, b"me")
         .unwrap();
     net.pump();
     assert_eq!(
         net.events_a,
         [CmEvent::SidrReply {
             conn: a,
-            status: SidrStatus::Valid,
+            status: SidrStatus::Success,
             qpn: 0x42,
             qkey: 0x1234_5678,
             private_data: pd(b"me"),
@@ -841,9 +841,9 @@ fn sidr_without_listener_and_without_peer() {
     net.pump();
     assert!(matches!(
         net.events_a[..],
-        [CmEvent::SidrReply { conn, status: SidrStatus::ServiceIdNotSupported, .. }] if conn == a
+        [CmEvent::SidrReply { conn, status: SidrStatus::Unsupported, .. }] if conn == a
     ));
-    assert_eq!(SidrStatus::ServiceIdNotSupported.code(), 1);
+    assert_eq!(SidrStatus::Unsupported.code(), 1);
 
     let mut net = Net::new();
     net.fate = Box::new(|_, _| Fate::Drop);
@@ -1151,7 +1151,7 @@ fn destroy_in_every_state_leaves_nothing_behind() {
                     assert_eq!(rej.reason, reason, "{state:?}");
                 }
                 if let CmMessage::SidrRep(rep) = &sent[0].msg {
-                    assert_eq!(rep.status, SidrStatus::Rejected);
+                    assert_eq!(rep.status, SidrStatus::Reject);
                 }
             }
         }
@@ -1224,7 +1224,7 @@ fn misuse_is_refused_with_rdma_cms_errno() {
         Err(CmError::InvalidState(ConnState::ReqSent))
     );
     assert_eq!(
-        net.a.sidr_reply(now, a, SidrStatus::Valid, 1, 1, b""),
+        net.a.sidr_reply(now, a, SidrStatus::Success, 1, 1, b""),
         Err(CmError::InvalidState(ConnState::ReqSent))
     );
     let gone = ConnId::first();
@@ -1235,7 +1235,7 @@ fn misuse_is_refused_with_rdma_cms_errno() {
     );
     assert_eq!(
         net.a
-            .sidr_reply(now, gone, SidrStatus::Valid, 1 << 24, 1, b""),
+            .sidr_reply(now, gone, SidrStatus::Success, 1 << 24, 1, b""),
         Err(CmError::InvalidArgument("QPN is 24-bit"))
     );
     assert!(matches!(
@@ -1542,7 +1542,7 @@ mod random_sequences {
                         let _ = agent.destroy(now, c);
                         conns.retain(|x| *x != c);
                     },
-                    Op::SidrReply(i) => if let Some(c) = pick(i) { let _ = agent.sidr_reply(now, c, SidrStatus::Valid, 1, 1, b""); },
+                    Op::SidrReply(i) => if let Some(c) = pick(i) { let _ = agent.sidr_reply(now, c, SidrStatus::Success, 1, 1, b""); },
                 }
                 let (transmits, events) = agent.queued();
                 prop_assert!(transmits <= 8);
