@@ -27,7 +27,6 @@ pub(crate) mod memory;
 pub(crate) mod notify;
 pub(crate) mod pd;
 pub(crate) mod qp;
-pub(crate) mod rendezvous;
 pub(crate) mod srq;
 pub(crate) mod sys;
 pub(crate) mod transport;

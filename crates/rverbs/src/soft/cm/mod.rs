@@ -96,6 +96,8 @@
 pub(crate) mod agent;
 pub(crate) mod codec;
 pub(crate) mod msg;
+pub(crate) mod rendezvous;
+pub(crate) mod service;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,253 @@
+//! The connection manager's service for one device: the I/O around the
+//! sans-IO [`CmAgent`].
+//!
+//! It opens the device's GSI QP ([`GsiPort`]) and runs one thread,
+//! `rverbs-cm`, that sleeps in `ppoll(2)` on the port's inbox and a
+//! wake-up eventfd, with the agent's next timer as timeout. On waking it
+//! decodes the MADs that came ([`codec`]; one that is no CM message for
+//! the agent is counted and dropped), runs due timers, sends what the
+//! agent queued, and hands the agent's events to their owners — the
+//! [`CmSink`] registered for the connection or listener — with no lock
+//! held, one at a time, in order. Calls into the agent from users
+//! ([`CmService::with_agent`]) send what they queue at once, on the
+//! caller's thread, and wake the service for timers and events.
+//!
+//! Lock order: a sink may call into the service (and the verbs: a QP's
+//! transitions take the engine's lock); the service never holds its lock
+//! while calling a sink, and the engine never calls the service.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use nix::poll::{ppoll, PollFd, PollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::time::TimeSpec;
+
+use super::agent::{CmAgent, CmConfig, CmEvent, ConnId, ListenId};
+use super::codec;
+use crate::attr::Gid;
+use crate::soft::engine::{peer_endpoint, Engine, GsiPort, DEFAULT_PKEY, GSI_QPN};
+use crate::soft::memory::random_u32;
+
+/// Longest the service sleeps without a timer due (it also wakes for
+/// MADs, calls and shutdown).
+const IDLE_WAIT: Duration = Duration::from_secs(5);
+
+/// Who an agent event goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Owner {
+    /// A connection (or SIDR request).
+    Conn(ConnId),
+    /// A listener (its new connection requests).
+    Listen(ListenId),
+}
+
+impl Owner {
+    /// The owner of an event.
+    fn of(event: &CmEvent) -> Owner {
+        match event {
+            CmEvent::ConnectRequest { listen, .. } | CmEvent::SidrRequest { listen, .. } => {
+                Owner::Listen(*listen)
+            }
+            CmEvent::ConnectResponse { conn, .. }
+            | CmEvent::Established { conn }
+            | CmEvent::Rejected { conn, .. }
+            | CmEvent::Unreachable { conn }
+            | CmEvent::Disconnected { conn, .. }
+            | CmEvent::TimewaitExit { conn }
+            | CmEvent::SidrReply { conn, .. } => Owner::Conn(*conn),
+        }
+    }
+}
+
+/// Where a connection's or listener's events go.
+pub(crate) trait CmSink: Send + Sync {
+    /// An agent event for this owner. Runs on the service thread with no
+    /// lock held: it may call back into `service`.
+    fn on_event(&self, service: &CmService, event: CmEvent);
+}
+
+/// What the service counts besides the agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ServiceStats {
+    /// MADs received that are no CM message the agent takes (another
+    /// class, a LAP, a malformed one).
+    pub(crate) undecodable: u64,
+    /// Events for an owner that had gone (dropped).
+    pub(crate) orphan_events: u64,
+}
+
+struct State {
+    agent: CmAgent,
+    sinks: HashMap<Owner, Weak<dyn CmSink>>,
+    stats: ServiceStats,
+}
+
+struct Inner {
+    port: GsiPort,
+    wake: EventFd,
+    stop: AtomicBool,
+    state: Mutex<State>,
+}
+
+/// One device's connection manager service (a handle: clones share it).
+#[derive(Clone)]
+pub(crate) struct CmService {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CmService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmService")
+            .field("local", &self.inner.port.local())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CmService {
+    /// Opens `engine`'s GSI QP for an agent of the port with GID
+    /// `local_gid` on CA `ca_guid`, and starts the service thread.
+    pub(crate) fn start(engine: &Engine, local_gid: Gid, ca_guid: u64) -> io::Result<CmService> {
+        let port = engine.open_gsi()?;
+        let agent = CmAgent::new(
+            local_gid,
+            ca_guid,
+            CmConfig::default(),
+            Box::new(random_u32),
+        );
+        let inner = Arc::new(Inner {
+            port,
+            wake: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
+            stop: AtomicBool::new(false),
+            state: Mutex::new(State {
+                agent,
+                sinks: HashMap::new(),
+                stats: ServiceStats::default(),
+            }),
+        });
+        let service = CmService {
+            inner: Arc::clone(&inner),
+        };
+        let thread = service.clone();
+        std::thread::Builder::new()
+            .name("rverbs-cm".into())
+            .spawn(move || thread.run())?;
+        Ok(service)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic under the lock leaves the agent as it was between two
+        // calls (each call is one state change): go on with it.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the agent with the current time; what it queues to send
+    /// goes out now, its events on the service thread.
+    pub(crate) fn with_agent<R>(&self, f: impl FnOnce(&mut CmAgent, Instant) -> R) -> R {
+        let mut st = self.lock();
+        let r = f(&mut st.agent, Instant::now());
+        self.transmit(&mut st);
+        drop(st);
+        self.wake();
+        r
+    }
+
+    /// Sends `owner`'s events to `sink` from now on.
+    pub(crate) fn set_sink(&self, owner: Owner, sink: Weak<dyn CmSink>) {
+        self.lock().sinks.insert(owner, sink);
+    }
+
+    /// `owner`'s events go nowhere any more.
+    pub(crate) fn remove_sink(&self, owner: Owner) {
+        self.lock().sinks.remove(&owner);
+    }
+
+    /// The service's own counters.
+    pub(crate) fn stats(&self) -> ServiceStats {
+        self.lock().stats
+    }
+
+    /// Stops the service thread (the port closes when the last handle
+    /// goes).
+    pub(crate) fn shutdown(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        let _ = self.inner.wake.write(1);
+    }
+
+    /// Sends every message the agent queued.
+    fn transmit(&self, st: &mut State) {
+        while let Some(t) = st.agent.poll_transmit() {
+            let mad = codec::encode(&t.msg);
+            let to = peer_endpoint(t.to.to_ip());
+            if let Err(e) = self.inner.port.send(to, GSI_QPN, DEFAULT_PKEY, &mad) {
+                // Counted by the port; the agent's timers resend.
+                tracing::debug!("CM MAD to {to} not sent: {e}");
+            }
+        }
+    }
+
+    /// The service thread.
+    fn run(self) {
+        loop {
+            if self.inner.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let due = self.lock().agent.poll_timeout();
+            let wait = due.map_or(IDLE_WAIT, |t| {
+                t.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
+            });
+            {
+                let mut fds = [
+                    PollFd::new(self.inner.port.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.inner.wake.as_fd(), PollFlags::POLLIN),
+                ];
+                let _ = ppoll(&mut fds, Some(TimeSpec::from_duration(wait)), None);
+            }
+            let _ = self.inner.wake.read();
+            let events = self.step();
+            for (sink, event) in events {
+                sink.on_event(&self, event);
+            }
+        }
+    }
+
+    /// Takes the MADs that came, runs due timers, sends, and returns the
+    /// events with their sinks.
+    fn step(&self) -> Vec<(Arc<dyn CmSink>, CmEvent)> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        while let Some(mad) = self.inner.port.recv() {
+            match codec::decode(&mad.bytes) {
+                Ok(msg) => st.agent.handle_message(now, Gid::from_ip(mad.from.ip()), msg),
+                Err(e) => {
+                    st.stats.undecodable += 1;
+                    tracing::debug!("MAD from {} dropped: {e:?}", mad.from);
+                }
+            }
+        }
+        if st.agent.poll_timeout().is_some_and(|t| t <= now) {
+            st.agent.handle_timeout(now);
+        }
+        self.transmit(&mut st);
+        let mut events = Vec::new();
+        while let Some(event) = st.agent.poll_event() {
+            let owner = Owner::of(&event);
+            match st.sinks.get(&owner).and_then(Weak::upgrade) {
+                Some(sink) => events.push((sink, event)),
+                None => {
+                    st.stats.orphan_events += 1;
+                    tracing::debug!("CM event for a gone {owner:?} dropped: {event:?}");
+                }
+            }
+        }
+        events
+    }
+}
