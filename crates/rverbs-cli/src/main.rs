@@ -53,8 +53,13 @@ fn main() -> ExitCode {
         Command::Counters(args) => cmd::counters::counters(&args, &mut out),
         Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
             let _ = out.flush();
+            let mads = if s.mads > 0 {
+                format!("; {} MADs, {} malformed", s.mads, s.bad_mads)
+            } else {
+                String::new()
+            };
             eprintln!(
-                "{} frames: {} RoCE packets, {} with a bad ICRC, {} malformed or truncated, {} other frames skipped",
+                "{} frames: {} RoCE packets, {} with a bad ICRC, {} malformed or truncated, {} other frames skipped{mads}",
                 s.frames, s.roce, s.bad_icrc, s.malformed, s.skipped
             );
             if args.strict && s.failures() > 0 {

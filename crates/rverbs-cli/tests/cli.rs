@@ -483,3 +483,102 @@ fn bench_bad_options_are_clear_errors() {
     assert!(!ok && out.is_empty());
     assert!(err.contains("may not run on CPU 100000"), "{err}");
 }
+
+/// A pcap file (raw IP) of MADs from QP 1 to QP 1, each with its ICRC.
+fn mad_capture(path: &std::path::Path, mads: &[Vec<u8>]) {
+    use rverbs_wire::mad::GSI_QKEY;
+    use rverbs_wire::{icrc, BthRepr, DethRepr, Opcode, PacketRepr, Psn};
+    // Global header: magic, version 2.4, zone, sigfigs, snap length, LINKTYPE_RAW.
+    let mut file = Vec::new();
+    for word in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 65_535, 101] {
+        file.extend(word.to_le_bytes());
+    }
+    for mad in mads {
+        let mut p = PacketRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, 1, Psn::new(0)));
+        p.deth = Some(DethRepr {
+            qkey: GSI_QKEY,
+            src_qp: 1,
+        });
+        p.payload = mad;
+        let mut roce = vec![0; p.buffer_len()];
+        p.emit(&mut roce).unwrap();
+        let udp_len = u16::try_from(roce.len() + 8).unwrap();
+        let udp = icrc::udp_header(49152, icrc::ROCE_V2_PORT, udp_len);
+        let ip = icrc::Ipv4Header {
+            src: [10, 0, 0, 1].into(),
+            dst: [10, 0, 0, 2].into(),
+            id: 0,
+            dont_fragment: true,
+            tos: 0,
+            ttl: 64,
+        }
+        .to_bytes(udp_len);
+        icrc::fill(&ip, &udp, &mut roce).unwrap();
+        let frame = [&ip[..], &udp[..], &roce[..]].concat();
+        let len = u32::try_from(frame.len()).unwrap();
+        for word in [1u32, 0, len, len] {
+            file.extend(word.to_le_bytes());
+        }
+        file.extend(frame);
+    }
+    std::fs::write(path, file).unwrap();
+}
+
+#[test]
+fn decode_dissects_cm_mads_and_strict_fails_on_a_malformed_one() {
+    use rverbs_wire::mad::{cm_attr, MadRepr, MAD_HDR_LEN, MAD_LEN};
+    use rverbs_wire::{CmDreq, Mad};
+    let mad = |attr: u16, fill: &dyn Fn(&mut [u8])| {
+        let mut mad = vec![0u8; MAD_LEN];
+        MadRepr::cm_send(attr, 7).emit(&mut Mad::new_unchecked(&mut mad[..]));
+        fill(&mut mad[MAD_HDR_LEN..]);
+        mad
+    };
+    let dreq = mad(cm_attr::DREQ, &|m| {
+        let mut dreq = CmDreq::new_unchecked(m);
+        dreq.set_local_comm_id(0x11);
+        dreq.set_remote_comm_id(0x22);
+        dreq.set_remote_qpn(0x33);
+    });
+    // An MRA of message code 3, which the spec reserves.
+    let garbled = mad(cm_attr::MRA, &|m| m[8] = 0b11_000000);
+    let dir = std::env::temp_dir();
+    let good = dir.join(format!("rverbs-cli-mads-good-{}.pcap", std::process::id()));
+    let bad = dir.join(format!("rverbs-cli-mads-bad-{}.pcap", std::process::id()));
+    mad_capture(&good, std::slice::from_ref(&dreq));
+    mad_capture(&bad, &[dreq, garbled]);
+
+    let (ok, out, err) = rverbs(&["decode", "--strict", good.to_str().unwrap()], None);
+    assert!(ok, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].contains(" UD_SEND_ONLY qp 0x000001 "), "{out}");
+    assert_eq!(
+        lines[1],
+        "    CM DREQ tid 0x7 comm 0x00000011→0x00000022 qpn 0x000033"
+    );
+    assert!(
+        err.contains("other frames skipped; 1 MADs, 0 malformed"),
+        "{err}"
+    );
+
+    let (ok, out, err) = rverbs(&["decode", bad.to_str().unwrap()], None);
+    assert!(
+        ok,
+        "without --strict a malformed MAD is printed, not an error: {err}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("    CM MRA malformed: MRA message MRAed holds 0x3")),
+        "{out}"
+    );
+    assert!(err.contains("; 2 MADs, 1 malformed"), "{err}");
+    let (ok, _, err) = rverbs(&["decode", "--strict", bad.to_str().unwrap()], None);
+    assert!(!ok, "--strict must fail on the garbled MAD");
+    assert!(
+        err.contains("--strict: 1 RoCE packets failed their checks"),
+        "{err}"
+    );
+    std::fs::remove_file(good).unwrap();
+    std::fs::remove_file(bad).unwrap();
+}

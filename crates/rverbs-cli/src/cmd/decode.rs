@@ -9,6 +9,14 @@
 //! `lo` shows them) is split into its segments, each checked with the IP ID
 //! and lengths it had on the wire and printed on a line of its own, marked
 //! `(gso segment k/n of packet N)`.
+//!
+//! A packet to or from QP 1 (the General Services Interface) gets a second
+//! line, indented by four spaces, dissecting its MAD ([`mad`]): a CM
+//! message by name with its key fields, another class by number, or what
+//! makes it one a receiver would drop (`… malformed: why`), which
+//! `--strict` counts as a failure.
+
+mod mad;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -49,12 +57,17 @@ pub struct Summary {
     pub malformed: u64,
     /// Frames that are not UDP to port 4791.
     pub skipped: u64,
+    /// RoCE packets to or from QP 1 (the GSI), whose payload is a MAD.
+    pub mads: u64,
+    /// Of those, the ones a receiver would drop: not a UD SEND Only, a
+    /// wrong Q_Key, not 256 bytes, or a MAD that does not parse.
+    pub bad_mads: u64,
 }
 
 impl Summary {
     /// Packets `--strict` fails on.
     pub fn failures(&self) -> u64 {
-        self.bad_icrc + self.malformed
+        self.bad_icrc + self.malformed + self.bad_mads
     }
 }
 
@@ -314,7 +327,8 @@ fn decode_frame(f: &Frame<'_>, out: &mut impl Write, summary: &mut Summary) -> R
     report(out, summary, &prefix, payload, whole, note)
 }
 
-/// Prints one RoCE packet's line, `note` at its end, and counts it.
+/// Prints one RoCE packet's line, `note` at its end, and its MAD's line if
+/// it is to or from QP 1; counts them.
 fn report(
     out: &mut impl Write,
     summary: &mut Summary,
@@ -329,6 +343,7 @@ fn report(
             summary.roce += 1;
             let crc = rverbs_wire::icrc_field(packet).unwrap_or_default();
             writeln!(out, "{prefix} {p} icrc ok {crc:#010x}{note}")?;
+            report_mad(out, summary, &p)?;
         }
         Verdict::BadIcrc(p, computed, wire) => {
             summary.roce += 1;
@@ -337,11 +352,22 @@ fn report(
                 out,
                 "{prefix} {p} icrc BAD {wire:#010x} (expected {computed:#010x}){note}"
             )?;
+            report_mad(out, summary, &p)?;
         }
         Verdict::Malformed(e) => {
             summary.malformed += 1;
             writeln!(out, "{prefix} malformed RoCE packet: {e}{note}")?;
         }
+    }
+    Ok(())
+}
+
+/// Prints the MAD line of a packet to or from QP 1, indented, and counts it.
+fn report_mad(out: &mut impl Write, summary: &mut Summary, p: &PacketRepr<'_>) -> Result<()> {
+    if let Some(line) = mad::dissect(p) {
+        summary.mads += 1;
+        summary.bad_mads += u64::from(line.malformed);
+        writeln!(out, "    {}", line.text)?;
     }
     Ok(())
 }
@@ -886,5 +912,489 @@ mod tests {
         assert_eq!(ip_start(DataLink::RAW, &[0x10]), None);
         assert_eq!(ip_start(DataLink::ETHERNET, &[0u8; 13]), None);
         assert_eq!(ip_start(DataLink::ETHERNET, &eth[..17]), None);
+    }
+
+    // ---------------------------------------------------------------- MADs
+
+    use rverbs_wire::mad::{cm_attr, MadRepr, GSI_QKEY, MAD_HDR_LEN, MAD_LEN};
+    use rverbs_wire::{
+        CmDrep, CmDreq, CmMra, CmRej, CmRep, CmReq, CmRtu, CmSidrRep, CmSidrReq, DethRepr, IpCmHdr,
+        IpCmHdrRepr, Mad, RdmaPortSpace,
+    };
+
+    /// A UD SEND Only packet from `src_qp` to `dest_qp` with Q_Key `qkey`
+    /// carrying `payload`, as an IPv4 frame with its ICRC filled in.
+    fn ud_frame(op: Opcode, dest_qp: u32, src_qp: u32, qkey: u32, payload: &[u8]) -> Vec<u8> {
+        let mut p = PacketRepr::new(BthRepr::new(op, dest_qp, Psn::new(7)));
+        p.deth = Some(DethRepr { qkey, src_qp });
+        if op.info().unwrap().headers.contains(Headers::IMM_DT) {
+            p.imm_dt = Some(rverbs_wire::ImmDtRepr(0x1234));
+        }
+        p.payload = payload;
+        let mut buf = vec![0; p.buffer_len()];
+        p.emit(&mut buf).unwrap();
+        let (ip, udp) = headers(Net::V4(0), buf.len(), 0);
+        icrc::fill(&ip, &udp, &mut buf).unwrap();
+        frame(&ip, &udp, &buf)
+    }
+
+    /// A MAD from QP 1 to QP 1, as the CM sends them.
+    fn gsi_frame(mad: &[u8]) -> Vec<u8> {
+        ud_frame(Opcode::UD_SEND_ONLY, 1, 1, GSI_QKEY, mad)
+    }
+
+    /// A CM MAD (method Send) of attribute `attr`, its message written by `fill`.
+    fn cm_mad(attr: u16, tid: u64, fill: impl FnOnce(&mut [u8])) -> Vec<u8> {
+        let mut mad = vec![0u8; MAD_LEN];
+        MadRepr::cm_send(attr, tid).emit(&mut Mad::new_unchecked(&mut mad[..]));
+        fill(&mut mad[MAD_HDR_LEN..]);
+        mad
+    }
+
+    /// rdma_cm's IP CM header at the start of `pdata`.
+    fn ip_cm(pdata: &mut [u8], src: [u8; 4], port: u16, dst: [u8; 4]) {
+        IpCmHdrRepr {
+            src_port: port,
+            src: Ipv4Addr::from(src).into(),
+            dst: Ipv4Addr::from(dst).into(),
+        }
+        .emit(&mut IpCmHdr::new_unchecked(&mut pdata[..36]));
+    }
+
+    fn req_mad() -> Vec<u8> {
+        cm_mad(cm_attr::REQ, 0x1_0000_0001, |m| {
+            let mut req = CmReq::new_unchecked(m);
+            req.set_local_comm_id(0x1a2b_3c4d);
+            req.set_service_id(RdmaPortSpace::Tcp.service_id(7302));
+            req.set_local_qpn(0x12_ab34);
+            req.set_starting_psn(Psn::new(4660));
+            req.set_responder_resources(4);
+            req.set_initiator_depth(2);
+            req.set_pkey(0xffff);
+            req.set_path_mtu(3);
+            req.set_retry_count(7);
+            req.set_rnr_retry_count(6);
+            req.primary_path_mut().set_local_ack_timeout(14);
+            let pdata = req.private_data_mut();
+            ip_cm(pdata, [10, 0, 0, 1], 45678, [10, 0, 0, 2]);
+            pdata[36..41].copy_from_slice(b"hello");
+        })
+    }
+
+    /// Every CM message a connection uses, a ClassPortInfo query, an SA
+    /// query, and UD traffic of other QPs.
+    fn cm_capture() -> Vec<Vec<u8>> {
+        let tid = 0x1_0000_0001;
+        let rep = cm_mad(cm_attr::REP, tid, |m| {
+            let mut rep = CmRep::new_unchecked(m);
+            rep.set_local_comm_id(0x5566_7788);
+            rep.set_remote_comm_id(0x1a2b_3c4d);
+            rep.set_local_qpn(0x321);
+            rep.set_starting_psn(Psn::new(99));
+            rep.set_responder_resources(2);
+            rep.set_initiator_depth(4);
+            rep.set_rnr_retry_count(7);
+        });
+        let rtu = cm_mad(cm_attr::RTU, tid, |m| {
+            let mut rtu = CmRtu::new_unchecked(m);
+            rtu.set_local_comm_id(0x1a2b_3c4d);
+            rtu.set_remote_comm_id(0x5566_7788);
+        });
+        let rej = |reason: u16, pdata: &[u8]| {
+            let pdata = pdata.to_vec();
+            cm_mad(cm_attr::REJ, 0x2_0000_0001, move |m| {
+                let mut rej = CmRej::new_unchecked(m);
+                rej.set_local_comm_id(0x0bad_cafe);
+                rej.set_remote_comm_id(0x1a2b_3c4e);
+                rej.set_reason(reason);
+                rej.private_data_mut()[..pdata.len()].copy_from_slice(&pdata);
+            })
+        };
+        let dreq = cm_mad(cm_attr::DREQ, 0x3_0000_0001, |m| {
+            let mut dreq = CmDreq::new_unchecked(m);
+            dreq.set_local_comm_id(0x1a2b_3c4d);
+            dreq.set_remote_comm_id(0x5566_7788);
+            dreq.set_remote_qpn(0x321);
+        });
+        let drep = cm_mad(cm_attr::DREP, 0x3_0000_0001, |m| {
+            let mut drep = CmDrep::new_unchecked(m);
+            drep.set_local_comm_id(0x5566_7788);
+            drep.set_remote_comm_id(0x1a2b_3c4d);
+        });
+        let sidr_req = cm_mad(cm_attr::SIDR_REQ, 0x4_0000_0001, |m| {
+            let mut sidr = CmSidrReq::new_unchecked(m);
+            sidr.set_request_id(0x0a0b_0c0d);
+            sidr.set_pkey(0xffff);
+            sidr.set_service_id(RdmaPortSpace::Udp.service_id(20000));
+            ip_cm(sidr.private_data_mut(), [10, 0, 0, 1], 50000, [10, 0, 0, 2]);
+        });
+        let sidr_rep = cm_mad(cm_attr::SIDR_REP, 0x4_0000_0001, |m| {
+            let mut sidr = CmSidrRep::new_unchecked(m);
+            sidr.set_request_id(0x0a0b_0c0d);
+            sidr.set_status(0);
+            sidr.set_qpn(0x42);
+            sidr.set_qkey(0x1234);
+            sidr.set_service_id(RdmaPortSpace::Udp.service_id(20000));
+        });
+        let mut class_port_info = cm_mad(cm_attr::CLASS_PORT_INFO, 5, |_| {});
+        class_port_info[3] = rverbs_wire::mad::METHOD_GET;
+        let mut sa = vec![0u8; MAD_LEN];
+        MadRepr {
+            mgmt_class: 0x03,
+            method: rverbs_wire::mad::METHOD_GET,
+            attribute_id: 0x0035,
+            ..MadRepr::cm_send(0, 6)
+        }
+        .emit(&mut Mad::new_unchecked(&mut sa[..]));
+        vec![
+            gsi_frame(&req_mad()),
+            gsi_frame(&rep),
+            gsi_frame(&rtu),
+            gsi_frame(&rej(8, &[])),
+            gsi_frame(&rej(28, b"go away!!!")),
+            gsi_frame(&dreq),
+            gsi_frame(&drep),
+            gsi_frame(&sidr_req),
+            gsi_frame(&sidr_rep),
+            gsi_frame(&class_port_info),
+            gsi_frame(&sa),
+            // Not QP 1's: a datagram of another QP, an RC packet.
+            ud_frame(Opcode::UD_SEND_ONLY, 0x42, 0x43, 0x1234, &req_mad()),
+            {
+                let mut one = packet(Opcode::RC_SEND_ONLY, 1, &[0; 256]);
+                let (ip, udp) = headers(Net::V4(0), one.len(), 0);
+                icrc::fill(&ip, &udp, &mut one).unwrap();
+                frame(&ip, &udp, &one)
+            },
+        ]
+    }
+
+    /// decode's output as (packet line, detail line if any) pairs.
+    fn with_details(out: &str) -> Vec<(&str, Option<&str>)> {
+        let mut packets: Vec<(&str, Option<&str>)> = Vec::new();
+        for line in out.lines() {
+            if let Some(detail) = line.strip_prefix("    ") {
+                let last = packets.last_mut().expect("a detail line after a packet");
+                assert!(last.1.is_none(), "two detail lines: {out}");
+                last.1 = Some(detail);
+            } else {
+                packets.push((line, None));
+            }
+        }
+        packets
+    }
+
+    #[track_caller]
+    fn assert_has(line: &str, parts: &[&str]) {
+        for part in parts {
+            assert!(line.contains(part), "{part:?} missing in {line:?}");
+        }
+    }
+
+    #[test]
+    fn cm_mads_are_named_with_their_key_fields() {
+        let (summary, out) = decode_frames("cm", &cm_capture(), true);
+        let packets = with_details(&out);
+        assert_eq!(packets.len(), 13, "{out}");
+        for (line, _) in &packets {
+            assert!(line.contains(" icrc ok "), "{line}");
+        }
+        // The packet line is as for any packet; the MAD is on the next one.
+        assert_has(
+            packets[0].0,
+            &[
+                "UD_SEND_ONLY qp 0x000001 ",
+                " qkey 0x80010000 src-qp 0x000001 len 256 ",
+            ],
+        );
+        let detail = |k: usize| {
+            packets[k]
+                .1
+                .unwrap_or_else(|| panic!("no detail {k}: {out}"))
+        };
+        assert_eq!(
+            detail(0),
+            "CM REQ tid 0x100000001 comm 0x1a2b3c4d svc 0x1061c86 (rdma_cm TCP port 7302) \
+             RC qpn 0x12ab34 psn 4660 mtu 1024 retry 7 rnr-retry 6 ack-timeout 14 \
+             resp-res 4 init-depth 2 pdata 5 B (IP CM 10.0.0.1:45678 → 10.0.0.2:7302)"
+        );
+        assert_eq!(
+            detail(1),
+            "CM REP tid 0x100000001 comm 0x55667788→0x1a2b3c4d qpn 0x000321 psn 99 \
+             resp-res 2 init-depth 4 rnr-retry 7"
+        );
+        assert_eq!(
+            detail(2),
+            "CM RTU tid 0x100000001 comm 0x1a2b3c4d→0x55667788"
+        );
+        assert_has(
+            detail(3),
+            &[
+                "CM REJ ",
+                "comm 0x0badcafe→0x1a2b3c4e",
+                " rejects REQ ",
+                " reason 8 (invalid service ID)",
+            ],
+        );
+        assert!(!detail(3).contains("pdata"), "{}", detail(3));
+        assert_has(
+            detail(4),
+            &["CM REJ ", " reason 28 (consumer defined) ", " pdata 10 B"],
+        );
+        assert_eq!(
+            detail(5),
+            "CM DREQ tid 0x300000001 comm 0x1a2b3c4d→0x55667788 qpn 0x000321"
+        );
+        assert_eq!(
+            detail(6),
+            "CM DREP tid 0x300000001 comm 0x55667788→0x1a2b3c4d"
+        );
+        assert_eq!(
+            detail(7),
+            "CM SIDR_REQ tid 0x400000001 req-id 0x0a0b0c0d svc 0x1114e20 \
+             (rdma_cm UDP port 20000) (IP CM 10.0.0.1:50000 → 10.0.0.2:20000)"
+        );
+        assert_eq!(
+            detail(8),
+            "CM SIDR_REP tid 0x400000001 req-id 0x0a0b0c0d status 0 (success) \
+             qpn 0x000042 qkey 0x00001234 svc 0x1114e20 (rdma_cm UDP port 20000)"
+        );
+        assert_eq!(detail(9), "CM ClassPortInfo tid 0x5 method GET");
+        assert_eq!(
+            detail(10),
+            "MAD class 0x03 (SA) method GET attr 0x0035 tid 0x6"
+        );
+        // Other QPs' packets have no MAD line, whatever they carry.
+        assert_eq!((packets[11].1, packets[12].1), (None, None), "{out}");
+        assert_eq!(
+            summary,
+            Summary {
+                frames: 13,
+                roce: 13,
+                mads: 11,
+                ..Summary::default()
+            }
+        );
+        assert_eq!(summary.failures(), 0);
+    }
+
+    #[test]
+    fn a_malformed_mad_is_named_and_fails_strict() {
+        let req = req_mad();
+        let mra_of_nothing = cm_mad(cm_attr::MRA, 9, |m| {
+            CmMra::new_unchecked(m).set_message_mraed(3);
+        });
+        let mut bad_ip_cm = req.clone();
+        bad_ip_cm[MAD_HDR_LEN + 140] = 1; // IP CM header version 1
+        let mut old_class = req.clone();
+        old_class[2] = 1; // CM class version 1
+        let mut long = req.clone();
+        long.extend([0; 4]);
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (gsi_frame(&req[..100]), "CM REQ malformed: truncated: need 256 bytes, have 100"),
+            (gsi_frame(&req[..20]), "MAD malformed: truncated: need 256 bytes, have 20"),
+            (gsi_frame(&long), "CM REQ malformed: 260 bytes, a MAD is 256"),
+            (
+                gsi_frame(&mra_of_nothing),
+                "CM MRA malformed: MRA message MRAed holds 0x3, which is reserved or unsupported",
+            ),
+            (
+                gsi_frame(&bad_ip_cm),
+                "CM REQ malformed: IP CM header: RDMA IP CM header version holds 0x1, \
+                 which is reserved or unsupported",
+            ),
+            (
+                gsi_frame(&old_class),
+                "CM REQ malformed: CM class version holds 0x1, which is reserved or unsupported",
+            ),
+            (
+                ud_frame(Opcode::UD_SEND_ONLY, 1, 1, 0x1234, &req),
+                "CM REQ malformed: Q_Key 0x00001234, not QP 1's 0x80010000",
+            ),
+            (
+                ud_frame(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, 1, 1, GSI_QKEY, &req),
+                "CM REQ malformed: a MAD travels in a UD_SEND_ONLY, not a UD_SEND_ONLY_WITH_IMMEDIATE",
+            ),
+        ];
+        for (k, (frame, want)) in cases.iter().enumerate() {
+            let (summary, out) =
+                decode_frames(&format!("badmad{k}"), std::slice::from_ref(frame), true);
+            let packets = with_details(&out);
+            assert_eq!(packets.len(), 1, "{out}");
+            assert!(packets[0].0.contains(" icrc ok "), "{out}");
+            assert_eq!(packets[0].1, Some(*want), "case {k}");
+            assert_eq!(
+                summary,
+                Summary {
+                    frames: 1,
+                    roce: 1,
+                    mads: 1,
+                    bad_mads: 1,
+                    ..Summary::default()
+                },
+                "case {k}"
+            );
+            assert_eq!(summary.failures(), 1, "case {k}");
+        }
+        // Among good ones, only the garbled MAD fails.
+        let mut frames = cm_capture();
+        frames.insert(3, gsi_frame(&mra_of_nothing));
+        let (summary, out) = decode_frames("badmad-among", &frames, true);
+        assert_eq!(
+            (summary.mads, summary.bad_mads, summary.failures()),
+            (12, 1, 1)
+        );
+        let packets = with_details(&out);
+        assert!(
+            packets[3].1.unwrap().starts_with("CM MRA malformed: "),
+            "{out}"
+        );
+        assert!(
+            packets
+                .iter()
+                .filter(|p| p.1.is_some_and(|d| d.contains("malformed")))
+                .count()
+                == 1
+        );
+    }
+
+    #[test]
+    fn a_mad_with_a_bad_icrc_is_still_dissected() {
+        let mut frame = gsi_frame(&req_mad());
+        let at = frame.len() - 10;
+        frame[at] ^= 1; // in the private data: the REQ still parses
+        let (summary, out) = decode_frames("badicrc-mad", &[frame], true);
+        let packets = with_details(&out);
+        assert!(packets[0].0.contains(" icrc BAD "), "{out}");
+        assert!(
+            packets[0].1.unwrap().starts_with("CM REQ tid 0x100000001 "),
+            "{out}"
+        );
+        assert_eq!(
+            (summary.bad_icrc, summary.mads, summary.bad_mads),
+            (1, 1, 0)
+        );
+    }
+
+    #[test]
+    fn lap_apr_mra_and_unknown_attributes_are_named() {
+        let dissect = |mad: &[u8]| {
+            let mut p = PacketRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, 1, Psn::new(0)));
+            p.deth = Some(DethRepr {
+                qkey: GSI_QKEY,
+                src_qp: 1,
+            });
+            p.payload = mad;
+            let line = mad::dissect(&p).expect("a MAD to QP 1");
+            assert!(!line.malformed, "{}", line.text);
+            line.text
+        };
+        let lap = cm_mad(cm_attr::LAP, 1, |m| {
+            let mut lap = rverbs_wire::CmLap::new_unchecked(m);
+            lap.set_local_comm_id(1);
+            lap.set_remote_comm_id(2);
+            lap.set_remote_qpn(0x33);
+        });
+        assert_eq!(
+            dissect(&lap),
+            "CM LAP tid 0x1 comm 0x00000001→0x00000002 qpn 0x000033"
+        );
+        let apr = cm_mad(cm_attr::APR, 1, |m| {
+            rverbs_wire::CmApr::new_unchecked(m).set_ap_status(5);
+        });
+        assert_eq!(
+            dissect(&apr),
+            "CM APR tid 0x1 comm 0x00000000→0x00000000 status 5"
+        );
+        let mra = cm_mad(cm_attr::MRA, 2, |m| {
+            let mut mra = CmMra::new_unchecked(m);
+            mra.set_local_comm_id(3);
+            mra.set_remote_comm_id(4);
+            mra.set_message_mraed(0);
+            mra.set_service_timeout(20);
+        });
+        assert_eq!(
+            dissect(&mra),
+            "CM MRA tid 0x2 comm 0x00000003→0x00000004 for REQ service-timeout 20"
+        );
+        let unknown = cm_mad(0x0042, 3, |_| {});
+        assert_eq!(dissect(&unknown), "CM attr 0x0042 tid 0x3");
+        let mut reply = cm_mad(cm_attr::CLASS_PORT_INFO, 4, |_| {});
+        reply[3] = rverbs_wire::mad::METHOD_GET_RESP;
+        assert_eq!(dissect(&reply), "CM ClassPortInfo tid 0x4 method GET_RESP");
+        let rej = cm_mad(cm_attr::REJ, 5, |m| CmRej::new_unchecked(m).set_reason(34));
+        assert!(
+            dissect(&rej).ends_with(" rejects REQ reason 34"),
+            "{}",
+            dissect(&rej)
+        );
+        let sidr = cm_mad(cm_attr::SIDR_REP, 6, |m| {
+            CmSidrRep::new_unchecked(m).set_status(9)
+        });
+        assert!(
+            dissect(&sidr).contains(" status 9 qpn "),
+            "{}",
+            dissect(&sidr)
+        );
+        // A REQ for a service ID that is not rdma_cm's: no IP CM header.
+        let plain = cm_mad(cm_attr::REQ, 7, |m| {
+            let mut req = CmReq::new_unchecked(m);
+            req.set_service_id(0x1000_0000_0000_0001);
+            req.set_path_mtu(5);
+            req.set_transport_service_type(3);
+            req.set_extended_transport_type(1);
+            req.private_data_mut()[0] = 1;
+        });
+        assert_eq!(
+            dissect(&plain),
+            "CM REQ tid 0x7 comm 0x00000000 svc 0x1000000000000001 XRC qpn 0x000000 psn 0 \
+             mtu 4096 retry 0 rnr-retry 0 ack-timeout 0 resp-res 0 init-depth 0 pkey 0x0000 \
+             pdata 1 B"
+        );
+    }
+
+    #[test]
+    fn no_mad_bytes_make_decode_panic() {
+        // Every length, garbage of every attribute and class: a line, never a panic.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for len in 0..=MAD_LEN + 8 {
+            for round in 0..40 {
+                let mut mad: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                if len >= MAD_HDR_LEN && round % 2 == 0 {
+                    // Mostly CM MADs, with every attribute.
+                    mad[0] = 1;
+                    mad[1] = 0x07;
+                    mad[2] = 2;
+                    mad[16] = 0;
+                    mad[17] = (round / 2) as u8;
+                }
+                for (dest_qp, src_qp) in [(1, 1), (1, 9), (9, 1)] {
+                    let mut p =
+                        PacketRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, dest_qp, Psn::new(0)));
+                    p.deth = Some(DethRepr {
+                        qkey: GSI_QKEY,
+                        src_qp,
+                    });
+                    p.payload = &mad;
+                    let line = mad::dissect(&p).expect("QP 1's");
+                    assert!(!line.text.is_empty());
+                    assert_eq!(
+                        line.malformed,
+                        line.text.contains(" malformed: "),
+                        "{}",
+                        line.text
+                    );
+                    if len != MAD_LEN {
+                        assert!(line.malformed, "{len} bytes: {}", line.text);
+                    }
+                }
+            }
+        }
     }
 }
