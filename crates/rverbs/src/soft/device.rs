@@ -24,6 +24,7 @@ use crate::event::AsyncEventType;
 use crate::soft::config::{self, DeviceAddr, DeviceConfig};
 use crate::soft::context::AsyncSource;
 use crate::soft::context::ContextCore;
+use crate::soft::cm::service::CmService;
 use crate::soft::engine::{Engine, EngineLimits, Watch};
 use crate::soft::link::{self, LinkWatch};
 use crate::soft::memory::MrTable;
@@ -239,6 +240,9 @@ pub(crate) struct SoftDevice {
     port_active: AtomicBool,
     /// Address and link changes of the host (`None`: not watchable here).
     pub(crate) link_watch: Option<Arc<LinkWatch>>,
+    /// The connection manager, started by the first rdma_cm-style id that
+    /// needs the device.
+    cm: Mutex<Option<CmService>>,
 }
 
 impl SoftDevice {
@@ -295,6 +299,7 @@ impl SoftDevice {
                     None
                 }
             },
+            cm: Mutex::new(None),
         });
         // A failed engine ends the device (held weakly: the engine lives
         // inside it).
@@ -445,6 +450,20 @@ impl SoftDevice {
         true
     }
 
+    /// The device's connection manager service, started on first use
+    /// (ENODEV once the device is gone).
+    pub(crate) fn cm_service(&self, verb: Verb) -> Result<CmService, Error> {
+        self.check_alive(verb)?;
+        let mut cm = self.cm.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(service) = cm.as_ref() {
+            return Ok(service.clone());
+        }
+        let service = CmService::start(&self.engine, self.gid, self.node_guid)
+            .map_err(|e| Error::from_io(verb, &e, "the connection manager's GSI QP"))?;
+        *cm = Some(service.clone());
+        Ok(service)
+    }
+
     /// Hot-unplug: closes the endpoint, takes the device off the device list
     /// and sends IBV_EVENT_DEVICE_FATAL to every open context.
     pub(crate) fn disassociate(self: &Arc<Self>) {
@@ -474,6 +493,9 @@ impl SoftDevice {
         match ending {
             Ending::Disassociated => self.engine.shutdown(),
             Ending::Failed => self.engine.abandon(),
+        }
+        if let Some(cm) = self.cm.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            cm.shutdown();
         }
         forget(self);
         let told = contexts.len();

@@ -173,7 +173,7 @@ impl<'a> QpBuilder<'a> {
             return Err(dev.gone_error(verb));
         };
         dev.start_engine();
-        Ok(QueuePair { core })
+        Ok(QueuePair { core, owned: true })
     }
 }
 
@@ -194,9 +194,23 @@ fn qp_gone(dev: &SoftDevice, verb: Verb) -> Error {
 /// [`destroy`](Self::destroy) does the same and reports errors.
 pub struct QueuePair {
     pub(crate) core: Arc<QpCore>,
+    /// Dropping it destroys the QP (false for the connection manager's
+    /// [`view`](Self::view) of a QP its user owns).
+    owned: bool,
 }
 
 impl QueuePair {
+    /// A second handle on this QP that does not own it: the verbs work
+    /// through it (until the owner destroys the QP: then they fail as on
+    /// a destroyed QP), and dropping it destroys nothing. The connection
+    /// manager keeps one of the QP an id connects.
+    pub(crate) fn view(&self) -> QueuePair {
+        QueuePair {
+            core: Arc::clone(&self.core),
+            owned: false,
+        }
+    }
+
     /// The QP number (24 bits, never 0 or 1, unique on the device).
     pub fn qp_num(&self) -> u32 {
         self.core.qpn
@@ -979,7 +993,9 @@ fn merge(cur: &mut QpAttr, a: &QpAttr, mask: QpAttrMask) {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.core.release();
+        if self.owned {
+            self.core.release();
+        }
     }
 }
 
