@@ -11,7 +11,9 @@ fn main() {
     version_script::write(&version_script::Versions {
         script: "libibverbs.map",
         soname: "libibverbs.so.1",
-        // IBVERBS_PRIVATE_34 stands alone.
+        // IBVERBS_PRIVATE_34 stands alone; so does RVERBS_PRIVATE_1, ours,
+        // not Debian's: __rverbs_rdmacm_ops, the rdma_cm table rverbs'
+        // librdmacm calls through (src/rdmacm).
         chain: &[
             "IBVERBS_1.0",
             "IBVERBS_1.1",
@@ -26,6 +28,6 @@ fn main() {
             "IBVERBS_1.13",
             "IBVERBS_1.14",
         ],
-        standalone: &["IBVERBS_PRIVATE_34"],
+        standalone: &["IBVERBS_PRIVATE_34", "RVERBS_PRIVATE_1"],
     });
 }

@@ -8,6 +8,9 @@
 //! Types only: the verbs themselves, and the `unsafe` of taking raw
 //! pointers from C, are in the C library, `crates/rverbs-libibverbs`
 //! (`libibverbs.so.1`), and `crates/rverbs-librdmacm` (`librdmacm.so.1`),
-//! which build on these.
+//! which build on these. One type is no header's: [`abi::rdmacm_ops`]'s
+//! `RdmacmOps`, the table of rdma_cm functions rverbs' libibverbs exports
+//! for rverbs' librdmacm to call through (with `for_each_rdmacm_function!`,
+//! the list of their prototypes both libraries are generated from).
 
 pub mod abi;

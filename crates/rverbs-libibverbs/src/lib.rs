@@ -20,7 +20,12 @@
 //!   `query` (device, port, GID, P_Key), `pd`, `mr` (and fork), `channel`
 //!   (and completion events), `cq`, `qp`, `qp_ex` (`ibv_wr_*`), `srq`, `ah`;
 //! - the rest: `strings` (`ibv_*_str`, rates), `unsupported` (EOPNOTSUPP
-//!   verbs), `private` (IBVERBS_PRIVATE_34, load-time setup).
+//!   verbs), `private` (IBVERBS_PRIVATE_34, load-time setup);
+//! - `rdmacm`: the rdma_cm, every function of `librdmacm.so.1`, which
+//!   rverbs' librdmacm reaches through the one table this library exports
+//!   for it, `__rverbs_rdmacm_ops@@RVERBS_PRIVATE_1` (a node of ours, not
+//!   Debian's): the rdma_cm's ids must reach this library's contexts and
+//!   QPs, so it lives beside them rather than in a second copy of the engine.
 
 #![allow(clippy::missing_safety_doc)]
 // C structs are zeroed, then filled field by field as verbs.h lists them.
@@ -59,6 +64,7 @@ mod private;
 mod qp;
 mod qp_ex;
 mod query;
+mod rdmacm;
 mod srq;
 mod strings;
 mod unsupported;

@@ -1,6 +1,8 @@
 //! What every exported function shares: errno, the panic guard, and how
-//! each C return type reports a failure. (A short copy of the parts of
-//! `crates/rverbs-libibverbs/src/ffi.rs` this library needs.)
+//! each C return type reports a failure when there is no rdma_cm to forward
+//! to. (Short copies of `crates/rverbs-libibverbs/src/ffi.rs`'s errno and
+//! guard, and of its `rdmacm` module's failure values: this library links
+//! nothing of libibverbs.)
 
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -56,8 +58,8 @@ impl<T> Failure for *mut T {
     const FAILED: Self = std::ptr::null_mut();
 }
 
-/// What a function that is not implemented yet does: errno ENOSYS, and its
-/// return type's failure value.
+/// What a function does when the rdma_cm's table has no slot for it:
+/// errno ENOSYS, and its return type's failure value.
 pub(crate) fn not_implemented<R: Failure>() -> R {
     set_errno(libc::ENOSYS);
     R::FAILED

@@ -4,20 +4,22 @@
 //! prototype of `<rdma/rdma_cma.h>` / `<rdma/rsocket.h>` and the ABI types
 //! of `rverbs_ibverbs_abi::abi::rdmacm`.
 //!
-//! **This is the skeleton.** Only `rdma_event_str` works (`strings`);
-//! every other function fails cleanly the way its prototype reports errors
-//! — -1, or NULL, with errno ENOSYS; the `void` ones do nothing — so a
-//! program linked against it loads, resolves every symbol at its version,
-//! and stops at its first rdma_cm call with a clear "Function not
-//! implemented" (`cm`, `rsocket`). What comes next (rverbs issue 15):
-//! event channels (an fd the library's own thread makes readable), ids and
-//! their address/route resolution over the rverbs device's IP addresses,
-//! `rdma_create_qp`/`rdma_create_ep` through our `libibverbs.so.1` (the
-//! `ibv_context`s and QPs must be that library's, so this one will reach
-//! them through its exported verbs, not through a second copy of the
-//! engine), the connection handshake (REQ/REP/RTU, reject, disconnect) as
-//! messages between two rverbs devices, `rdma_getaddrinfo`, then UD and
-//! multicast; rsockets last, if ever.
+//! **A thin forwarder.** The rdma_cm itself lives in rverbs'
+//! `libibverbs.so.1` (`crates/rverbs-libibverbs`, module `rdmacm`): its ids
+//! must reach the devices, contexts, PDs and QPs that library hands out, and
+//! if this library linked the `rverbs` crate, a program loading both would
+//! get two copies of the engine (each cdylib has its own statics) that
+//! could never see each other's objects. So this library has no engine: it
+//! finds the table of rdma_cm functions libibverbs exports,
+//! `__rverbs_rdmacm_ops@RVERBS_PRIVATE_1` (`ops`; the table's type,
+//! `RdmacmOps`, and its prototypes are in
+//! `rverbs_ibverbs_abi::abi::rdmacm_ops`), and each exported function calls
+//! its slot (`forward`). If the libibverbs.so.1 of the process is not
+//! rverbs' (Debian's, say), one line on stderr says so and every call fails
+//! the way its prototype reports errors — -1, or NULL, with errno ENOSYS;
+//! the `void` ones do nothing. What the table's functions do today (only
+//! `rdma_event_str` works; the rest fail with ENOSYS until the connection
+//! manager lands, rverbs issue 15) is libibverbs' business.
 //!
 //! Each exported function is a Rust function with an `rverbs_`-prefixed
 //! symbol, aliased with `.symver` to the C name at its version node (rustc
@@ -26,9 +28,8 @@
 //! a short copy of that library's). Every function runs inside the panic
 //! guard of `ffi`: no panic crosses into C.
 //!
-//! Modules: `ffi` (errno, panic guard, how each return type fails),
-//! `strings` (`rdma_event_str`), `cm` (the `rdma_*` calls), `rsocket` (the
-//! `r*` socket calls).
+//! Modules: `ffi` (errno, panic guard, how each return type fails), `ops`
+//! (finding the table, once), `forward` (the exported functions).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -50,35 +51,6 @@ macro_rules! export {
     };
 }
 
-/// Exports functions that are not implemented yet, each with its exact C
-/// prototype: one with a return type fails as [`ffi::Failure`] says for
-/// that type (errno ENOSYS); a `void` one does nothing. The arguments are
-/// ignored. Both run inside the panic guard.
-macro_rules! not_yet {
-    ($($node:literal fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
-        $( not_yet!(@one $node $name ($($arg: $ty),*) $(-> $ret)?); )*
-    };
-    (@one $node:literal $name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
-        export! { $node
-            #[doc = concat!("`", stringify!($name), "`: not implemented yet; fails with errno ENOSYS.")]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                $( let _ = $arg; )*
-                crate::ffi::guard(<$ret as crate::ffi::Failure>::FAILED, crate::ffi::not_implemented)
-            }
-        }
-    };
-    (@one $node:literal $name:ident ($($arg:ident: $ty:ty),*)) => {
-        export! { $node
-            #[doc = concat!("`", stringify!($name), "`: not implemented yet; does nothing.")]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) {
-                $( let _ = $arg; )*
-                crate::ffi::guard((), || ())
-            }
-        }
-    };
-}
-
-mod cm;
 mod ffi;
-mod rsocket;
-mod strings;
+mod forward;
+mod ops;

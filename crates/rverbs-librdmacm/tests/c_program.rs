@@ -1,8 +1,10 @@
 //! An unmodified C program built against Debian's `<rdma/rdma_cma.h>` and
-//! linked with `-lrdmacm` runs on the built library (LD_LIBRARY_PATH →
-//! `librdmacm.so.1` → `target/<profile>/librdmacm.so`): `rdma_event_str`
-//! answers exactly as Debian's does, and the calls that are not implemented
-//! yet fail cleanly with ENOSYS.
+//! linked with `-lrdmacm` runs on the built libraries (LD_LIBRARY_PATH →
+//! `librdmacm.so.1` → `target/<profile>/librdmacm.so`, and `libibverbs.so.1`
+//! → `target/<profile>/libibverbs.so`, whose rdma_cm librdmacm forwards to):
+//! `rdma_event_str` answers exactly as Debian's does, and the calls that are
+//! not implemented yet fail cleanly with ENOSYS. With Debian's libibverbs
+//! instead, every call fails with ENOSYS and librdmacm says why, once.
 
 mod common;
 
@@ -82,4 +84,41 @@ fn rdma_event_str_matches_debians() {
     assert_eq!(theirs.lines().count(), 22, "Debian's:\n{theirs}");
     assert!(theirs.contains("9 RDMA_CM_EVENT_ESTABLISHED\n"), "{theirs}");
     assert_eq!(ours, theirs, "ours vs Debian's");
+}
+
+/// Debian's libibverbs, which has no rdma_cm table for our librdmacm.
+const DEBIAN_LIBIBVERBS: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
+
+#[test]
+fn with_debians_libibverbs_every_call_fails_with_enosys_and_says_why_once() {
+    if !std::path::Path::new(DEBIAN_LIBIBVERBS).exists() {
+        common::skip(&format!("needs Debian's libibverbs1 ({DEBIAN_LIBIBVERBS})"));
+        return;
+    }
+    let dir = common::LibDir::with("debian-ibverbs", std::path::Path::new(DEBIAN_LIBIBVERBS));
+    let Some(exe) = common::compile_c(&dir.0, "debian_ibverbs", PROGRAM) else {
+        return;
+    };
+    let (ok, out) = common::run_program(&exe, &[], Some(&dir.0));
+    assert!(ok, "the program failed (crashed?):\n{out}");
+    // No table, so no event names either: rdma_event_str gives the answer
+    // for a value that is no event rather than NULL.
+    let stdout = "UNKNOWN EVENT\n\
+                  rdma_create_event_channel NULL ENOSYS\n\
+                  rdma_create_id -1 ENOSYS\n\
+                  rdma_get_devices NULL ENOSYS\n\
+                  done\n";
+    let stderr = out
+        .strip_prefix(stdout)
+        .unwrap_or_else(|| panic!("want stdout {stdout:?}, got:\n{out}"));
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "want one line on stderr, got:\n{stderr}");
+    let why = lines[0]
+        .strip_prefix("librdmacm (rverbs): libibverbs.so.1 is not rverbs' drop-in (")
+        .and_then(|l| l.strip_suffix("); rdma_cm calls fail with ENOSYS"))
+        .unwrap_or_else(|| panic!("unexpected stderr line: {}", lines[0]));
+    assert!(
+        why.contains("__rverbs_rdmacm_ops"),
+        "the reason should name the missing symbol: {why}"
+    );
 }

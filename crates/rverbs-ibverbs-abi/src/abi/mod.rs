@@ -27,7 +27,10 @@
 //! `__be16`/`__be32`/`__be64` fields hold network byte order, as in C.
 //!
 //! The rdma_cm's types (`<rdma/rdma_cma.h>`, librdmacm) are in [`rdmacm`],
-//! not re-exported here: they are a second header, built on this one.
+//! not re-exported here: they are a second header, built on this one. The
+//! table through which rverbs' librdmacm reaches the rdma_cm inside rverbs'
+//! libibverbs, [`rdmacm_ops::RdmacmOps`], is no header's: it is in
+//! [`rdmacm_ops`].
 //!
 //! Every struct is plain old data: `Copy`, and `Default` is all-zero (null
 //! pointers, `None` slots, zero integers, pthread objects equal to their
@@ -75,6 +78,7 @@ pub mod consts;
 mod context;
 mod device;
 pub mod rdmacm;
+pub mod rdmacm_ops;
 mod resources;
 mod wr;
 

@@ -22,14 +22,47 @@ pub fn skip(why: &str) {
 /// scripts/test does): a library older than any source it is made of fails
 /// the test rather than testing stale code.
 pub fn library() -> PathBuf {
+    built(
+        "librdmacm.so",
+        "rverbs-librdmacm",
+        &[
+            "crates/rverbs-librdmacm",
+            "crates/rverbs-ibverbs-abi",
+            // The version script's generator (build.rs includes it).
+            "build-support",
+        ],
+    )
+}
+
+/// The built `libibverbs.so`, checked the same way: librdmacm forwards
+/// every call to the rdma_cm inside it, so the programs here run on both
+/// (`cargo build -p rverbs-libibverbs` first).
+pub fn libibverbs() -> PathBuf {
+    built(
+        "libibverbs.so",
+        "rverbs-libibverbs",
+        &[
+            "crates/rverbs-libibverbs",
+            "crates/rverbs-ibverbs-abi",
+            "crates/rverbs",
+            "crates/rverbs-wire",
+            "build-support",
+        ],
+    )
+}
+
+/// `target/<profile>/<file>`, built by `cargo build -p <package>` no
+/// earlier than the newest source under `sources` (relative to the
+/// workspace).
+fn built(file: &str, package: &str, sources: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile_dir.join("librdmacm.so");
+    let lib = profile_dir.join(file);
     let built = std::fs::metadata(&lib)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| {
             panic!(
-                "{} is missing: run `cargo build -p rverbs-librdmacm` first",
+                "{} is missing: run `cargo build -p {package}` first",
                 lib.display()
             )
         });
@@ -37,20 +70,14 @@ pub fn library() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .unwrap();
-    let newest = [
-        "crates/rverbs-librdmacm",
-        "crates/rverbs-ibverbs-abi",
-        "crates/rverbs",
-        "crates/rverbs-wire",
-        "build-support",
-    ]
-    .iter()
-    .map(|c| newest_source(&root.join(c)))
-    .max()
-    .unwrap_or(SystemTime::UNIX_EPOCH);
+    let newest = sources
+        .iter()
+        .map(|c| newest_source(&root.join(c)))
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     assert!(
         built >= newest,
-        "{} is older than its sources: run `cargo build -p rverbs-librdmacm` first",
+        "{} is older than its sources: run `cargo build -p {package}` first",
         lib.display()
     );
     lib
@@ -84,13 +111,20 @@ fn newest_source(dir: &Path) -> SystemTime {
     newest
 }
 
-/// A fresh directory holding `librdmacm.so.1` → the built library, for
-/// `LD_LIBRARY_PATH` (the loader looks the library up by its SONAME);
-/// removed on drop.
+/// A fresh directory for `LD_LIBRARY_PATH` (the loader looks libraries up
+/// by their SONAME), removed on drop.
 pub struct LibDir(pub PathBuf);
 
 impl LibDir {
+    /// `librdmacm.so.1` → the built librdmacm and `libibverbs.so.1` → the
+    /// built libibverbs, which holds the rdma_cm librdmacm forwards to.
     pub fn new(tag: &str) -> LibDir {
+        LibDir::with(tag, &libibverbs())
+    }
+
+    /// `librdmacm.so.1` → the built librdmacm and `libibverbs.so.1` →
+    /// `libibverbs`, some other library (Debian's).
+    pub fn with(tag: &str, libibverbs: &Path) -> LibDir {
         let lib = library();
         let dir = std::env::temp_dir().join(format!(
             "rverbs-rdmacm-libdir-{tag}-{}-{:?}",
@@ -100,6 +134,7 @@ impl LibDir {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::os::unix::fs::symlink(&lib, dir.join("librdmacm.so.1")).unwrap();
+        std::os::unix::fs::symlink(libibverbs, dir.join("libibverbs.so.1")).unwrap();
         LibDir(dir)
     }
 }

@@ -9,12 +9,10 @@ use crate::ffi::guard;
 /// What rdma-core prints for a value that is no event.
 const UNKNOWN: &std::ffi::CStr = c"UNKNOWN EVENT";
 
-export! { "RDMACM_1.0"
-    /// The name of `event` (`"RDMA_CM_EVENT_ESTABLISHED"` …), or
-    /// `"UNKNOWN EVENT"`: a static string.
-    pub unsafe extern "C" fn rdma_event_str(event: rdma_cm_event_type) -> *const c_char {
-        guard(UNKNOWN.as_ptr(), || event_name(event).as_ptr())
-    }
+/// `rdma_event_str`: the name of `event` (`"RDMA_CM_EVENT_ESTABLISHED"`
+/// …), or `"UNKNOWN EVENT"`: a static string.
+pub(crate) unsafe extern "C" fn rdma_event_str(event: rdma_cm_event_type) -> *const c_char {
+    guard(UNKNOWN.as_ptr(), || event_name(event).as_ptr())
 }
 
 /// The name of `event`, or [`UNKNOWN`].
