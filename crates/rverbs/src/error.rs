@@ -97,6 +97,30 @@ pub enum Verb {
     AttachMcast,
     /// `ibv_detach_mcast`.
     DetachMcast,
+    /// `rdma_create_event_channel`.
+    CreateEventChannel,
+    /// `rdma_get_cm_event`.
+    GetCmEvent,
+    /// `rdma_create_id`.
+    CreateId,
+    /// `rdma_bind_addr`.
+    BindAddr,
+    /// `rdma_resolve_addr`.
+    ResolveAddr,
+    /// `rdma_resolve_route`.
+    ResolveRoute,
+    /// `rdma_listen`.
+    Listen,
+    /// `rdma_connect`.
+    RdmaConnect,
+    /// `rdma_accept`.
+    Accept,
+    /// `rdma_reject`.
+    Reject,
+    /// `rdma_disconnect`.
+    Disconnect,
+    /// `rdma_establish`.
+    Establish,
 }
 
 impl Verb {
@@ -143,6 +167,18 @@ impl Verb {
             Verb::DestroyAh => "ibv_destroy_ah",
             Verb::AttachMcast => "ibv_attach_mcast",
             Verb::DetachMcast => "ibv_detach_mcast",
+            Verb::CreateEventChannel => "rdma_create_event_channel",
+            Verb::GetCmEvent => "rdma_get_cm_event",
+            Verb::CreateId => "rdma_create_id",
+            Verb::BindAddr => "rdma_bind_addr",
+            Verb::ResolveAddr => "rdma_resolve_addr",
+            Verb::ResolveRoute => "rdma_resolve_route",
+            Verb::Listen => "rdma_listen",
+            Verb::RdmaConnect => "rdma_connect",
+            Verb::Accept => "rdma_accept",
+            Verb::Reject => "rdma_reject",
+            Verb::Disconnect => "rdma_disconnect",
+            Verb::Establish => "rdma_establish",
         }
     }
 }

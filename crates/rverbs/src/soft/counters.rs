@@ -81,7 +81,7 @@ fn serve(listener: &UnixListener, dev: &Weak<SoftDevice>) {
         }
         let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
         let mut text = format!("device {}\naddr {}\n", dev.name, dev.addr);
-        for (name, value) in dev.engine.stats().counters() {
+        for (name, value) in dev.net_stats().counters() {
             text += &format!("{name} {value}\n");
         }
         let _ = stream.write_all(text.as_bytes());

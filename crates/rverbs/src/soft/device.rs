@@ -21,11 +21,11 @@ use crate::attr::{
 };
 use crate::error::{Error, ErrorKind, Verb};
 use crate::event::AsyncEventType;
+use crate::soft::cm::service::CmService;
 use crate::soft::config::{self, DeviceAddr, DeviceConfig};
 use crate::soft::context::AsyncSource;
 use crate::soft::context::ContextCore;
-use crate::soft::cm::service::CmService;
-use crate::soft::engine::{Engine, EngineLimits, Watch};
+use crate::soft::engine::{Engine, EngineLimits, NetStats, Watch};
 use crate::soft::link::{self, LinkWatch};
 use crate::soft::memory::MrTable;
 
@@ -448,6 +448,15 @@ impl SoftDevice {
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(ctx));
         true
+    }
+
+    /// The device's counters: its engine's and its connection manager's.
+    pub(crate) fn net_stats(&self) -> NetStats {
+        let mut stats = self.engine.stats();
+        if let Some(cm) = self.cm.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            cm.add_counters(&mut stats);
+        }
+        stats
     }
 
     /// The device's connection manager service, started on first use

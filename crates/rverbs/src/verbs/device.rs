@@ -109,7 +109,7 @@ impl Device {
 
     /// Counters of the device's network engine.
     pub fn net_stats(&self) -> crate::NetStats {
-        self.core.engine.stats()
+        self.core.net_stats()
     }
 
     /// Whether the device is gone: [`disassociate`](Self::disassociate)

@@ -425,6 +425,19 @@ pub(crate) struct MsgCounts {
 }
 
 impl MsgCounts {
+    /// All messages counted.
+    pub(crate) fn total(&self) -> u64 {
+        self.req
+            + self.mra
+            + self.rej
+            + self.rep
+            + self.rtu
+            + self.dreq
+            + self.drep
+            + self.sidr_req
+            + self.sidr_rep
+    }
+
     fn bump(&mut self, kind: MsgKind) {
         let counter = match kind {
             MsgKind::Req => &mut self.req,
@@ -769,11 +782,13 @@ impl CmAgent {
     }
 
     /// How many connections (of any state) the agent holds.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.conns.len()
     }
 
     /// Whether the agent holds no connection and no listener.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.conns.is_empty() && self.listeners.is_empty()
     }
@@ -817,6 +832,7 @@ impl CmAgent {
     }
 
     /// This agent's port GID.
+    #[cfg(test)]
     pub(crate) fn local_gid(&self) -> Gid {
         self.local_gid
     }

@@ -31,6 +31,7 @@ pub(crate) struct TooLong {
 
 impl<const N: usize> CmBytes<N> {
     /// The most bytes this holds.
+    #[cfg(test)]
     pub(crate) const MAX: usize = N;
 
     /// No bytes.

@@ -30,7 +30,7 @@ use nix::sys::time::TimeSpec;
 use super::agent::{CmAgent, CmConfig, CmEvent, ConnId, ListenId};
 use super::codec;
 use crate::attr::Gid;
-use crate::soft::engine::{peer_endpoint, Engine, GsiPort, DEFAULT_PKEY, GSI_QPN};
+use crate::soft::engine::{peer_endpoint, Engine, GsiPort, NetStats, DEFAULT_PKEY, GSI_QPN};
 use crate::soft::memory::random_u32;
 
 /// Longest the service sleeps without a timer due (it also wakes for
@@ -166,9 +166,22 @@ impl CmService {
         self.lock().sinks.remove(&owner);
     }
 
-    /// The service's own counters.
-    pub(crate) fn stats(&self) -> ServiceStats {
-        self.lock().stats
+    /// Adds the connection manager's counters to a device's.
+    pub(crate) fn add_counters(&self, stats: &mut NetStats) {
+        let st = self.lock();
+        let cm = st.agent.stats();
+        let d = &cm.drops;
+        stats.cm_sent += cm.sent.total();
+        stats.cm_received += cm.received.total();
+        stats.cm_retransmitted += cm.retransmitted.total();
+        stats.cm_timeouts += cm.timeouts;
+        stats.cm_dropped += d.unknown_conn
+            + d.wrong_state
+            + d.malformed
+            + d.backlog_full
+            + d.overloaded
+            + st.stats.undecodable
+            + st.stats.orphan_events;
     }
 
     /// Stops the service thread (the port closes when the last handle
@@ -226,7 +239,9 @@ impl CmService {
         let now = Instant::now();
         while let Some(mad) = self.inner.port.recv() {
             match codec::decode(&mad.bytes) {
-                Ok(msg) => st.agent.handle_message(now, Gid::from_ip(mad.from.ip()), msg),
+                Ok(msg) => st
+                    .agent
+                    .handle_message(now, Gid::from_ip(mad.from.ip()), msg),
                 Err(e) => {
                     st.stats.undecodable += 1;
                     tracing::debug!("MAD from {} dropped: {e:?}", mad.from);

@@ -11,10 +11,6 @@
 //! packet per MAD from QP 1 to the peer's QP 1, on the device's own socket
 //! (so from the device's address and port), its ICRC computed for the IP
 //! header Linux writes — no engine lock is taken on either side's hot path.
-//!
-//! (Only the tests use the port until the connection manager's service,
-//! issue 15's next step, opens it.)
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::io;

@@ -82,8 +82,7 @@ use crate::soft::transport::{PayloadRef, RecvWqe};
 use crate::wr::QpState;
 
 use gsi::GsiInbox;
-#[allow(unused_imports)] // the connection manager's service uses them next
-pub(crate) use gsi::{GsiPort, Mad, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
+pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
@@ -521,7 +520,6 @@ impl Engine {
     /// MADs received are queued for the port (see `gsi`). One port at a
     /// time: EBUSY while another is open; ENODEV once the engine failed or
     /// its socket closed.
-    #[allow(dead_code)] // the connection manager's service opens it next
     pub(crate) fn open_gsi(&self) -> io::Result<GsiPort> {
         let (inbox, socket) = self
             .locked(|st| {

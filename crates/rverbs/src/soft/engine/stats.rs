@@ -136,6 +136,21 @@ counters_struct! {
         /// MADs the kernel refused to send (a full socket buffer, an
         /// unreachable network); the connection manager resends.
         pub mads_send_errors: u64,
+        /// Connection manager messages sent (REQ, REP, RTU, REJ, MRA,
+        /// DREQ, DREP, SIDR_REQ, SIDR_REP), resends included.
+        pub cm_sent: u64,
+        /// Connection manager messages received and decoded.
+        pub cm_received: u64,
+        /// Connection manager messages sent again (a timer, or a
+        /// duplicate's answer).
+        pub cm_retransmitted: u64,
+        /// Connection manager requests given up on after their last resend
+        /// (the peer unreachable).
+        pub cm_timeouts: u64,
+        /// MADs and connection manager messages dropped: not a CM message
+        /// the connection manager takes, no connection or state they fit,
+        /// a full backlog, too many half-open connections.
+        pub cm_dropped: u64,
     }
 }
 

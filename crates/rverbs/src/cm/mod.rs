@@ -1,7 +1,12 @@
-//! Connecting two RC queue pairs: the peers exchange their GID, QP number,
-//! starting PSN (and optionally an rkey and buffer address) over any byte
-//! stream — usually a TCP connection, as `ibv_rc_pingpong` does — then each
-//! brings its QP to RTS.
+//! Connecting queue pairs, two ways:
+//! - rdma_cm's way ([`CmId`], [`EventChannel`]): by IP address and port,
+//!   with the InfiniBand CM on the wire, so the peer may be another rverbs
+//!   program (in this process, another, or on another host) or the Linux
+//!   kernel's rdma_cm (see `id` for how it finds the peer);
+//! - by hand ([`connect`]): the peers exchange their GID, QP number,
+//!   starting PSN (and optionally an rkey and buffer address) over any
+//!   byte stream — usually a TCP connection, as `ibv_rc_pingpong` does —
+//!   then each brings its QP to RTS.
 //!
 //! ```no_run
 //! # fn demo(qp: &rverbs::QueuePair, mr: &rverbs::MemoryRegion) -> rverbs::Result<()> {
@@ -12,6 +17,12 @@
 //! println!("connected to QP {:#x} at {}", peer.qpn, peer.gid);
 //! # Ok(()) }
 //! ```
+
+mod channel;
+mod id;
+
+pub use channel::{CmEvent, CmEventKind, ConnEventParam, EventChannel, EventParam, UdParam};
+pub use id::{CmId, ConnParam, PortSpace, RDMA_UDP_QKEY};
 
 use std::io::{Read, Write};
 use std::net::Ipv6Addr;

@@ -1,0 +1,1214 @@
+//! rdma_cm-style connection ids: [`CmId`] binds to an address, resolves a
+//! peer's, listens, connects, accepts, rejects and disconnects, speaking
+//! the IB CM on the wire through its device's connection manager (the
+//! `soft::cm` service), so a peer may be another rverbs process or the
+//! Linux kernel's rdma_cm.
+//!
+//! Addresses are IP addresses and rdma_cm ports (the port is not a UDP
+//! port: it names a service, `port space << 16 | port`). On one host, a
+//! connect to a local address (loopback, or one of the host's) finds the
+//! device that listens on the port through the rendezvous
+//! (`soft::cm::rendezvous`); across hosts the peer's address is its
+//! device's.
+//!
+//! As librdmacm does for a QP created through it, an id given a QP brings
+//! it up itself: INIT on connect or accept, RTR and RTS with what the
+//! peer's REQ or REP says (before the REP on the passive side, on the REP
+//! on the active side, which then sends the RTU and reports ESTABLISHED),
+//! and ERR on disconnect (its work flushes).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use rverbs_wire::{IpCmHdr, IpCmHdrRepr, RdmaPortSpace};
+
+use super::channel::{
+    ChannelCore, CmEvent, CmEventKind, ConnEventParam, EventChannel, EventParam, UdParam,
+};
+use crate::attr::{AccessFlags, Gid, Mtu};
+use crate::error::{Error, ErrorKind, Result, Verb};
+use crate::qp_attr::{AhAttr, QpAttr, QpAttrMask, QpType};
+use crate::soft::cm::agent::CmEvent as AgentEvent;
+use crate::soft::cm::agent::{
+    AcceptParams, CmError, ConnId, ConnectParams, ConnectResponse, ListenId,
+};
+use crate::soft::cm::msg::{CmTransport, Req, SidrStatus};
+use crate::soft::cm::rendezvous::{self, Registration};
+use crate::soft::cm::service::{CmService, CmSink, Owner};
+use crate::soft::device::PORT_NUM;
+use crate::soft::memory::random_u32;
+use crate::verbs::device::Device;
+use crate::verbs::qp::QueuePair;
+use crate::wr::QpState;
+
+/// The Q_Key rdma_cm gives UD ids' QPs (`RDMA_UDP_QKEY`).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// Bytes of rdma_cm's IP CM header at the start of a REQ's and a
+/// SIDR_REQ's private data.
+const IP_CM_HDR: usize = 36;
+/// The most private data a connect carries in TCP and UDP port spaces
+/// (REQ: 92 − 36; SIDR_REQ: 216 − 36) and an accept (REP) or reject.
+const REQ_USER_DATA: usize = 56;
+const SIDR_REQ_USER_DATA: usize = 180;
+/// rdma_cm's default local ACK timeout on RoCE (packet life 16, + 1).
+const LOCAL_ACK_TIMEOUT: u8 = 17;
+/// The RNR timer the kernel's CM sets on RTR (code 0: 655 ms).
+const MIN_RNR_TIMER: u8 = 0;
+/// The CA ACK delay a REP announces (as the Linux CM on rxe).
+const TARGET_ACK_DELAY: u8 = 15;
+/// How long a SIDR_REQ waits for its answer before it is sent again
+/// (rdma_cm's: 2^(20 − 8) ms), up to 15 times.
+const SIDR_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(4096);
+/// Ephemeral rdma_cm ports (as the kernel's `ip_local_port_range`).
+const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
+
+/// An rdma_cm port space: which services a port names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP`: reliable connections (RC).
+    Tcp,
+    /// `RDMA_PS_UDP`: UD QPs, resolved with SIDR.
+    Udp,
+    /// `RDMA_PS_IPOIB`: UD, as IPoIB uses it.
+    Ipoib,
+    /// `RDMA_PS_IB`: RC or UD, no IP CM header in the private data.
+    Ib,
+}
+
+impl PortSpace {
+    fn wire(self) -> RdmaPortSpace {
+        match self {
+            PortSpace::Tcp => RdmaPortSpace::Tcp,
+            PortSpace::Udp => RdmaPortSpace::Udp,
+            PortSpace::Ipoib => RdmaPortSpace::Ipoib,
+            PortSpace::Ib => RdmaPortSpace::Ib,
+        }
+    }
+
+    /// The `enum rdma_port_space` value.
+    pub fn code(self) -> u16 {
+        self.wire().code()
+    }
+
+    /// The port space of an `enum rdma_port_space` value.
+    pub fn from_code(code: u16) -> Option<PortSpace> {
+        Some(match RdmaPortSpace::from_code(code)? {
+            RdmaPortSpace::Tcp => PortSpace::Tcp,
+            RdmaPortSpace::Udp => PortSpace::Udp,
+            RdmaPortSpace::Ipoib => PortSpace::Ipoib,
+            RdmaPortSpace::Ib => PortSpace::Ib,
+        })
+    }
+
+    /// Whether its ids are UD (resolved with SIDR).
+    pub fn is_ud(self) -> bool {
+        matches!(self, PortSpace::Udp | PortSpace::Ipoib)
+    }
+
+    /// Whether rdma_cm's IP CM header leads its private data.
+    fn has_ip_header(self) -> bool {
+        !matches!(self, PortSpace::Ib)
+    }
+}
+
+/// What a connect or accept offers (`struct rdma_conn_param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnParam {
+    /// Private data for the peer: at most 56 bytes on a connect (UD: 180),
+    /// 196 on an accept, 148 on a reject.
+    pub private_data: Vec<u8>,
+    /// RDMA READs/atomics this side serves at once.
+    pub responder_resources: u8,
+    /// RDMA READs/atomics this side has outstanding at once.
+    pub initiator_depth: u8,
+    /// End-to-end flow control.
+    pub flow_control: bool,
+    /// Transport retries (0..=7) the peer's side… and ours use.
+    pub retry_count: u8,
+    /// RNR retries (0..=7; 7: for ever) the peer should use.
+    pub rnr_retry_count: u8,
+    /// This side's QP uses an SRQ (taken from the QP when one is given).
+    pub srq: bool,
+    /// This side's QP number when no QP is given (the program brings its
+    /// QP up itself).
+    pub qp_num: u32,
+}
+
+impl Default for ConnParam {
+    /// What rping offers: one READ each way, 7 retries, RNR retries for ever.
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            flow_control: true,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            qp_num: 0,
+        }
+    }
+}
+
+/// Where the peer's connection manager is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Not resolved.
+    None,
+    /// The device at this address.
+    Device(IpAddr),
+    /// A local address where no device listens on the port: a connect is
+    /// rejected at once, as a REQ to a port nobody listens on is.
+    NoListener,
+}
+
+/// Where an id is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Bound,
+    AddrResolved,
+    RouteResolved,
+    Listening,
+    Connecting,
+    /// A connection request not yet answered (passive).
+    Requested,
+    Accepting,
+    Established,
+    Disconnected,
+    Failed,
+}
+
+struct Listening {
+    id: ListenId,
+    _registration: Registration,
+}
+
+struct IdState {
+    phase: Phase,
+    device: Option<Device>,
+    service: Option<CmService>,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    target: Target,
+    conn: Option<ConnId>,
+    listen: Option<Listening>,
+    qp: Option<QueuePair>,
+    local_psn: u32,
+    /// The connect's offer (active side), for bringing the QP up.
+    offer: Option<ConnParam>,
+    /// The REQ being answered (passive side).
+    req: Option<Box<Req>>,
+    /// The parameters reported with ESTABLISHED.
+    established_param: EventParam,
+}
+
+pub(crate) struct IdCore {
+    space: PortSpace,
+    channel: Mutex<Arc<ChannelCore>>,
+    st: Mutex<IdState>,
+    me: Weak<IdCore>,
+}
+
+/// A connection manager id (`struct rdma_cm_id`). Clones share it; when
+/// the last goes (events hold it too), its connection is torn down on the
+/// wire (DREQ or REJ, as its state asks) and its port freed.
+#[derive(Clone)]
+pub struct CmId {
+    core: Arc<IdCore>,
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.core.lock();
+        f.debug_struct("CmId")
+            .field("space", &self.core.space)
+            .field("phase", &st.phase)
+            .field("local", &st.local)
+            .field("peer", &st.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for CmId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.core, &other.core)
+    }
+}
+
+impl Eq for CmId {}
+
+fn cm_error(verb: Verb, e: CmError) -> Error {
+    Error::new(verb, ErrorKind::from_errno(e.errno()), e.to_string())
+}
+
+fn einval(verb: Verb, what: impl Into<String>) -> Error {
+    Error::new(verb, ErrorKind::InvalidArgument, what)
+}
+
+/// Whether `ip` is this host's: loopback, unspecified, or on one of its
+/// interfaces (in this network namespace).
+fn is_local(ip: IpAddr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    nix::ifaddrs::getifaddrs().is_ok_and(|mut addrs| {
+        addrs.any(|a| {
+            a.address.is_some_and(|s| {
+                s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())) == Some(ip)
+                    || s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())) == Some(ip)
+            })
+        })
+    })
+}
+
+/// The device for local address `ip` (unspecified or not a device's: the
+/// first device).
+fn device_for(verb: Verb, ip: Option<IpAddr>) -> Result<Device> {
+    let devices = crate::verbs::device::devices()?;
+    if let Some(ip) = ip {
+        if let Some(d) = devices.iter().find(|d| d.addr() == ip) {
+            return Ok(d.clone());
+        }
+        if !is_local(ip) {
+            return Err(Error::new(
+                verb,
+                ErrorKind::AddrNotAvailable,
+                format!("no rverbs device has the address {ip} (see RVERBS_ADDR)"),
+            ));
+        }
+    }
+    devices
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::new(verb, ErrorKind::NoDevice, "no rverbs device"))
+}
+
+fn random_psn() -> u32 {
+    random_u32() & 0x00ff_ffff
+}
+
+impl CmId {
+    /// A new id whose events go to `channel` (`rdma_create_id`).
+    pub fn new(channel: &EventChannel, space: PortSpace) -> Result<CmId> {
+        Ok(CmId::with_state(
+            Arc::clone(&channel.core),
+            space,
+            IdState {
+                phase: Phase::Idle,
+                device: None,
+                service: None,
+                local: None,
+                peer: None,
+                target: Target::None,
+                conn: None,
+                listen: None,
+                qp: None,
+                local_psn: random_psn(),
+                offer: None,
+                req: None,
+                established_param: EventParam::None,
+            },
+        ))
+    }
+
+    fn with_state(channel: Arc<ChannelCore>, space: PortSpace, st: IdState) -> CmId {
+        CmId {
+            core: Arc::new_cyclic(|me| IdCore {
+                space,
+                channel: Mutex::new(channel),
+                st: Mutex::new(st),
+                me: me.clone(),
+            }),
+        }
+    }
+
+    /// Its port space.
+    pub fn port_space(&self) -> PortSpace {
+        self.core.space
+    }
+
+    /// The device it is bound to (after bind, resolve or a request).
+    pub fn device(&self) -> Option<Device> {
+        self.core.lock().device.clone()
+    }
+
+    /// Its local address and port.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.core.lock().local
+    }
+
+    /// The peer's address and port.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.core.lock().peer
+    }
+
+    /// The GID of the peer's device (after resolving, or on a request).
+    pub fn peer_gid(&self) -> Option<Gid> {
+        match self.core.lock().target {
+            Target::Device(ip) => Some(Gid::from_ip(ip)),
+            Target::None | Target::NoListener => None,
+        }
+    }
+
+    /// Readies a QP for this id as `rdma_create_qp` does: INIT (with
+    /// remote READ, WRITE and atomic access) for a connection, RTS with
+    /// rdma_cm's Q_Key ([`RDMA_UDP_QKEY`]) for a UD id — so receive WRs may
+    /// be posted before [`connect`](Self::connect) or
+    /// [`accept`](Self::accept) bring it the rest of the way. A QP past
+    /// RESET is left as it is.
+    pub fn prepare_qp(&self, qp: &QueuePair) -> Result<()> {
+        prepare_qp(Verb::ModifyQp, qp, self.core.space)
+    }
+
+    /// Sends its future events to `channel` (`rdma_migrate_id`).
+    pub fn migrate(&self, channel: &EventChannel) {
+        *self.core.channel.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&channel.core);
+    }
+
+    /// Binds the id to a local address and port (`rdma_bind_addr`): the
+    /// address of a device, this host's (loopback, unspecified: the
+    /// default device), port 0 for any free one. EADDRNOTAVAIL for an
+    /// address no device has.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        let verb = Verb::BindAddr;
+        let mut st = self.core.lock();
+        if st.phase != Phase::Idle {
+            return Err(einval(verb, "the id is bound already"));
+        }
+        let device = device_for(verb, Some(addr.ip()))?;
+        let port = if addr.port() == 0 {
+            ephemeral_port()
+        } else {
+            addr.port()
+        };
+        st.device = Some(device);
+        st.local = Some(SocketAddr::new(addr.ip(), port));
+        st.phase = Phase::Bound;
+        Ok(())
+    }
+
+    /// Resolves the peer's address (`rdma_resolve_addr`): binds the id if
+    /// it is not (to `src`, or any address), finds where the peer's
+    /// connection manager is, and reports ADDR_RESOLVED on the channel.
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<()> {
+        let verb = Verb::ResolveAddr;
+        if self.core.lock().phase == Phase::Idle {
+            let any = SocketAddr::new(
+                match dst.ip() {
+                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                },
+                0,
+            );
+            self.bind_addr(src.unwrap_or(any))?;
+        }
+        let mut st = self.core.lock();
+        if !matches!(
+            st.phase,
+            Phase::Bound | Phase::AddrResolved | Phase::RouteResolved
+        ) {
+            return Err(einval(verb, "the id is listening or connected"));
+        }
+        st.target = resolve_target(self.core.space, dst)
+            .map_err(|e| Error::from_io(verb, &e, "the local rendezvous"))?;
+        st.peer = Some(dst);
+        st.phase = Phase::AddrResolved;
+        drop(st);
+        self.core
+            .report(self.clone(), CmEventKind::AddrResolved, 0, EventParam::None);
+        Ok(())
+    }
+
+    /// Resolves the route to the peer (`rdma_resolve_route`): on RoCE the
+    /// address is the route; reports ROUTE_RESOLVED.
+    pub fn resolve_route(&self) -> Result<()> {
+        let mut st = self.core.lock();
+        if st.phase != Phase::AddrResolved {
+            return Err(einval(
+                Verb::ResolveRoute,
+                "resolve the address first (rdma_resolve_addr)",
+            ));
+        }
+        st.phase = Phase::RouteResolved;
+        drop(st);
+        self.core.report(
+            self.clone(),
+            CmEventKind::RouteResolved,
+            0,
+            EventParam::None,
+        );
+        Ok(())
+    }
+
+    /// Listens for connection requests (`rdma_listen`); binds to any
+    /// address and a free port first if the id is not bound. EADDRINUSE
+    /// if another listener (any process in this network namespace) has
+    /// the port. `backlog` ≤ 0: the most.
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        let verb = Verb::Listen;
+        if self.core.lock().phase == Phase::Idle {
+            self.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))?;
+        }
+        let mut st = self.core.lock();
+        if st.phase != Phase::Bound {
+            return Err(einval(verb, "the id is not bound, or already in use"));
+        }
+        let (device, local) = match (&st.device, st.local) {
+            (Some(d), Some(l)) => (d.clone(), l),
+            _ => return Err(einval(verb, "the id is not bound")),
+        };
+        let registration = Registration::new(self.core.space.code(), local.port(), device.addr())
+            .map_err(|e| Error::from_io(verb, &e, "the port"))?;
+        let service = device.core.cm_service(verb)?;
+        let service_id = self.core.space.wire().service_id(local.port());
+        let backlog = u32::try_from(backlog).unwrap_or(0);
+        let id = service
+            .with_agent(|a, _| a.listen(service_id, backlog))
+            .map_err(|e| cm_error(verb, e))?;
+        service.set_sink(Owner::Listen(id), self.core.sink());
+        st.listen = Some(Listening {
+            id,
+            _registration: registration,
+        });
+        st.service = Some(service);
+        st.phase = Phase::Listening;
+        Ok(())
+    }
+
+    /// Connects to the resolved peer (`rdma_connect`). With `qp`, the id
+    /// brings it up (INIT now; RTR and RTS when the peer accepts, then the
+    /// RTU, then ESTABLISHED); without, the program gets CONNECT_RESPONSE
+    /// and calls [`establish`](Self::establish). UD ids resolve the
+    /// peer's QP (SIDR): ESTABLISHED carries it.
+    pub fn connect(&self, qp: Option<&QueuePair>, param: &ConnParam) -> Result<()> {
+        let verb = Verb::RdmaConnect;
+        let mut st = self.core.lock();
+        if st.phase != Phase::RouteResolved {
+            return Err(einval(verb, "resolve the route first (rdma_resolve_route)"));
+        }
+        let space = self.core.space;
+        let limit = if space.is_ud() {
+            SIDR_REQ_USER_DATA
+        } else {
+            REQ_USER_DATA
+        };
+        let room = if space.has_ip_header() {
+            limit
+        } else {
+            limit + IP_CM_HDR
+        };
+        if param.private_data.len() > room {
+            return Err(einval(
+                verb,
+                format!(
+                    "{} bytes of private data; a connect carries at most {room}",
+                    param.private_data.len()
+                ),
+            ));
+        }
+        let (device, local, peer) = match (&st.device, st.local, st.peer) {
+            (Some(d), Some(l), Some(p)) => (d.clone(), l, p),
+            _ => return Err(einval(verb, "the id is not resolved")),
+        };
+        // A listener may have come (or gone) since the address was resolved.
+        st.target = resolve_target(space, peer)
+            .map_err(|e| Error::from_io(verb, &e, "the local rendezvous"))?;
+        let service = device.core.cm_service(verb)?;
+        let mut private_data = Vec::with_capacity(IP_CM_HDR + param.private_data.len());
+        if space.has_ip_header() {
+            let src = if local.ip().is_unspecified() {
+                device.addr()
+            } else {
+                local.ip()
+            };
+            ip_cm_header(&mut private_data, local.port(), src, peer.ip());
+        }
+        private_data.extend_from_slice(&param.private_data);
+        let service_id = space.wire().service_id(peer.port());
+        let target = match st.target {
+            Target::Device(ip) => ip,
+            Target::None => return Err(einval(verb, "the id is not resolved")),
+            Target::NoListener => {
+                st.phase = Phase::Failed;
+                drop(st);
+                let (kind, status) = if space.is_ud() {
+                    (
+                        CmEventKind::Unreachable,
+                        i32::from(SidrStatus::Unsupported.code()),
+                    )
+                } else {
+                    (CmEventKind::Rejected, 8)
+                };
+                self.core
+                    .report(self.clone(), kind, status, EventParam::None);
+                return Ok(());
+            }
+        };
+        if let Some(qp) = qp {
+            prepare_qp(verb, qp, space)?;
+            st.qp = Some(qp.view());
+        }
+        let qp_num = qp.map_or(param.qp_num, QueuePair::qp_num);
+        let conn = if space.is_ud() {
+            service
+                .with_agent(|a, now| {
+                    a.sidr_request(
+                        now,
+                        Gid::from_ip(target),
+                        service_id,
+                        0xffff,
+                        &private_data,
+                        SIDR_TIMEOUT,
+                        15,
+                    )
+                })
+                .map_err(|e| cm_error(verb, e))?
+        } else {
+            let srq = qp.map_or(param.srq, |q| q.core.srq.is_some());
+            let transport = match qp.map(QueuePair::qp_type) {
+                Some(QpType::Uc) => CmTransport::Uc,
+                _ => CmTransport::Rc,
+            };
+            let mut p = ConnectParams::rdma_cm_defaults(
+                Gid::from_ip(target),
+                service_id,
+                qp_num,
+                st.local_psn,
+            );
+            p.transport = transport;
+            p.responder_resources = param.responder_resources;
+            p.initiator_depth = param.initiator_depth;
+            p.retry_count = param.retry_count.min(7);
+            p.rnr_retry_count = param.rnr_retry_count.min(7);
+            p.path_mtu = device.core.port.active_mtu;
+            p.srq = srq;
+            p.flow_control = param.flow_control;
+            p.local_ack_timeout = LOCAL_ACK_TIMEOUT;
+            p.private_data = private_data;
+            service
+                .with_agent(|a, now| a.connect(now, p))
+                .map_err(|e| cm_error(verb, e))?
+        };
+        service.set_sink(Owner::Conn(conn), self.core.sink());
+        st.conn = Some(conn);
+        st.offer = Some(param.clone());
+        st.service = Some(service);
+        st.phase = Phase::Connecting;
+        Ok(())
+    }
+
+    /// Accepts a connection request (`rdma_accept`, on the id a
+    /// CONNECT_REQUEST event brought). With `qp`, the id brings it to RTS
+    /// before its REP goes (ESTABLISHED follows the peer's RTU); UD ids
+    /// answer with the QP's number and rdma_cm's Q_Key.
+    pub fn accept(&self, qp: Option<&QueuePair>, param: &ConnParam) -> Result<()> {
+        let verb = Verb::Accept;
+        let mut st = self.core.lock();
+        if st.phase != Phase::Requested {
+            return Err(einval(verb, "the id has no connection request to accept"));
+        }
+        if param.private_data.len() > 196 {
+            return Err(einval(
+                verb,
+                "an accept carries at most 196 bytes of private data",
+            ));
+        }
+        let (Some(conn), Some(service), Some(device)) =
+            (st.conn, st.service.clone(), st.device.clone())
+        else {
+            return Err(einval(verb, "the id has no connection request to accept"));
+        };
+        let qp_num = qp.map_or(param.qp_num, QueuePair::qp_num);
+        if self.core.space.is_ud() {
+            if let Some(qp) = qp {
+                prepare_qp(verb, qp, self.core.space)?;
+            }
+            service
+                .with_agent(|a, now| {
+                    a.sidr_reply(
+                        now,
+                        conn,
+                        SidrStatus::Success,
+                        qp_num,
+                        RDMA_UDP_QKEY,
+                        &param.private_data,
+                    )
+                })
+                .map_err(|e| cm_error(verb, e))?;
+            st.phase = Phase::Established;
+            return Ok(());
+        }
+        let Some(req) = st.req.clone() else {
+            return Err(einval(verb, "the id has no connection request to accept"));
+        };
+        if let Some(qp) = qp {
+            prepare_qp(verb, qp, self.core.space)?;
+            let peer = match st.target {
+                Target::Device(ip) => Gid::from_ip(ip),
+                _ => req.primary.local_gid,
+            };
+            bring_up(
+                verb,
+                qp,
+                &Rtr {
+                    peer,
+                    dest_qpn: req.local_qpn,
+                    rq_psn: req.starting_psn,
+                    mtu: req.path_mtu.min(device.core.port.active_mtu),
+                    max_dest_rd_atomic: param.responder_resources,
+                    sq_psn: st.local_psn,
+                    timeout: req.primary.local_ack_timeout,
+                    retry_cnt: req.retry_count,
+                    rnr_retry: req.rnr_retry_count,
+                    max_rd_atomic: param.initiator_depth,
+                },
+            )?;
+            st.qp = Some(qp.view());
+        }
+        let srq = qp.map_or(param.srq, |q| q.core.srq.is_some());
+        let accept = AcceptParams {
+            local_qpn: qp_num,
+            starting_psn: st.local_psn,
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            target_ack_delay: TARGET_ACK_DELAY,
+            srq,
+            flow_control: param.flow_control,
+            private_data: param.private_data.clone(),
+        };
+        service
+            .with_agent(|a, now| a.accept(now, conn, accept))
+            .map_err(|e| cm_error(verb, e))?;
+        st.established_param = EventParam::Conn(ConnEventParam::default());
+        st.phase = Phase::Accepting;
+        Ok(())
+    }
+
+    /// Rejects a connection request (`rdma_reject`) with private data (at
+    /// most 148 bytes): the peer gets REJECTED, reason 28 ("consumer
+    /// defined"). UD: the peer gets UNREACHABLE.
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let verb = Verb::Reject;
+        let mut st = self.core.lock();
+        let (Some(conn), Some(service)) = (st.conn, st.service.clone()) else {
+            return Err(einval(verb, "the id has no connection to reject"));
+        };
+        if !matches!(st.phase, Phase::Requested | Phase::Connecting) {
+            return Err(einval(verb, "the id has no connection to reject"));
+        }
+        if self.core.space.is_ud() {
+            service
+                .with_agent(|a, now| {
+                    a.sidr_reply(now, conn, SidrStatus::Reject, 0, 0, private_data)
+                })
+                .map_err(|e| cm_error(verb, e))?;
+        } else {
+            service
+                .with_agent(|a, now| a.reject(now, conn, private_data))
+                .map_err(|e| cm_error(verb, e))?;
+        }
+        st.phase = Phase::Failed;
+        Ok(())
+    }
+
+    /// Disconnects (`rdma_disconnect`): the QP the id brought up goes to
+    /// ERR (its work flushes), a DREQ goes to the peer; DISCONNECTED
+    /// follows.
+    pub fn disconnect(&self) -> Result<()> {
+        let verb = Verb::Disconnect;
+        let st = self.core.lock();
+        let (Some(conn), Some(service)) = (st.conn, st.service.clone()) else {
+            return Err(einval(verb, "the id is not connected"));
+        };
+        if !matches!(
+            st.phase,
+            Phase::Established | Phase::Accepting | Phase::Connecting
+        ) {
+            return Err(einval(verb, "the id is not connected"));
+        }
+        if let Some(qp) = &st.qp {
+            to_error(qp);
+        }
+        service
+            .with_agent(|a, now| a.disconnect(now, conn, &[]))
+            .map_err(|e| cm_error(verb, e))
+    }
+
+    /// Says the connection is up (`rdma_establish`): on the active side
+    /// after CONNECT_RESPONSE when the program brought its QP up itself
+    /// (the RTU goes, ESTABLISHED follows); on the passive side when data
+    /// came before the RTU.
+    pub fn establish(&self) -> Result<()> {
+        let verb = Verb::Establish;
+        let st = self.core.lock();
+        let (Some(conn), Some(service)) = (st.conn, st.service.clone()) else {
+            return Err(einval(verb, "the id is not connecting"));
+        };
+        service
+            .with_agent(|a, now| a.establish(now, conn, &[]))
+            .map_err(|e| cm_error(verb, e))
+    }
+}
+
+impl IdCore {
+    fn lock(&self) -> MutexGuard<'_, IdState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sink(&self) -> Weak<dyn CmSink> {
+        let me: Weak<IdCore> = self.me.clone();
+        me
+    }
+
+    fn channel(&self) -> Arc<ChannelCore> {
+        Arc::clone(&self.channel.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Queues an event about `id` on the id's channel.
+    fn report(&self, id: CmId, kind: CmEventKind, status: i32, param: EventParam) {
+        self.channel().push(CmEvent {
+            id,
+            listen_id: None,
+            kind,
+            status,
+            param,
+            peer: None,
+        });
+    }
+
+    fn handle(&self) -> Option<CmId> {
+        self.me.upgrade().map(|core| CmId { core })
+    }
+
+    /// A connection request on this listener: a new id for it, reported.
+    fn on_request(&self, service: &CmService, conn: ConnId, peer: Gid, req: Box<Req>) {
+        let Some(listener) = self.handle() else {
+            return;
+        };
+        let space = self.space;
+        let pd = req.private_data.as_slice();
+        let (hdr, user) = if space.has_ip_header() {
+            let hdr = pd
+                .get(..IP_CM_HDR)
+                .and_then(|h| IpCmHdrRepr::parse(&IpCmHdr::new_unchecked(h)).ok());
+            (hdr, pd.get(IP_CM_HDR..).unwrap_or(&[]))
+        } else {
+            (None, pd)
+        };
+        if space.has_ip_header() && hdr.is_none() {
+            // Not from rdma_cm: no addresses to report. Refuse it.
+            let _ = service.with_agent(|a, now| a.reject(now, conn, &[]));
+            return;
+        }
+        let (device, local) = {
+            let st = self.lock();
+            (st.device.clone(), st.local)
+        };
+        let port = local.map_or(0, |l| l.port());
+        let local = hdr.map(|h| SocketAddr::new(h.dst, port)).or(local);
+        let peer_addr = hdr.map(|h| SocketAddr::new(h.src, h.src_port));
+        let id = CmId::with_state(
+            self.channel(),
+            space,
+            IdState {
+                phase: Phase::Requested,
+                device,
+                service: Some(service.clone()),
+                local,
+                peer: peer_addr,
+                target: Target::Device(peer.to_ip()),
+                conn: Some(conn),
+                listen: None,
+                qp: None,
+                local_psn: random_psn(),
+                offer: None,
+                req: None,
+                established_param: EventParam::None,
+            },
+        );
+        service.set_sink(Owner::Conn(conn), id.core.sink());
+        let param = ConnEventParam {
+            private_data: user.to_vec(),
+            responder_resources: req.initiator_depth,
+            initiator_depth: req.responder_resources,
+            flow_control: req.flow_control,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            srq: req.srq,
+            qp_num: req.local_qpn,
+        };
+        id.core.lock().req = Some(req);
+        self.channel().push(CmEvent {
+            id,
+            listen_id: Some(listener),
+            kind: CmEventKind::ConnectRequest,
+            status: 0,
+            param: EventParam::Conn(param),
+            peer: peer_addr,
+        });
+    }
+
+    /// The peer accepted this side's REQ.
+    fn on_response(&self, service: &CmService, conn: ConnId, response: &ConnectResponse) {
+        let Some(id) = self.handle() else { return };
+        let param = ConnEventParam {
+            private_data: response.private_data.as_slice().to_vec(),
+            responder_resources: response.responder_resources,
+            initiator_depth: response.initiator_depth,
+            flow_control: response.flow_control,
+            retry_count: 0,
+            rnr_retry_count: response.rnr_retry_count,
+            srq: response.srq,
+            qp_num: response.remote_qpn,
+        };
+        let mut st = self.lock();
+        let Some(qp) = st.qp.as_ref() else {
+            // The program brings its QP up and calls establish.
+            st.established_param = EventParam::Conn(param.clone());
+            drop(st);
+            self.report(id, CmEventKind::ConnectResponse, 0, EventParam::Conn(param));
+            return;
+        };
+        let offer = st.offer.clone().unwrap_or_default();
+        let peer = match st.target {
+            Target::Device(ip) => Gid::from_ip(ip),
+            _ => Gid::ZERO,
+        };
+        let mtu = st
+            .device
+            .as_ref()
+            .map_or(Mtu::Mtu1024, |d| d.core.port.active_mtu);
+        let up = bring_up(
+            Verb::RdmaConnect,
+            qp,
+            &Rtr {
+                peer,
+                dest_qpn: response.remote_qpn,
+                rq_psn: response.remote_starting_psn,
+                mtu,
+                max_dest_rd_atomic: offer.responder_resources.min(response.responder_resources),
+                sq_psn: st.local_psn,
+                timeout: LOCAL_ACK_TIMEOUT,
+                retry_cnt: offer.retry_count.min(7),
+                rnr_retry: response.rnr_retry_count,
+                max_rd_atomic: offer.initiator_depth.min(response.initiator_depth),
+            },
+        );
+        match up {
+            Ok(()) => {
+                st.established_param = EventParam::Conn(param);
+                drop(st);
+                let _ = service.with_agent(|a, now| a.establish(now, conn, &[]));
+            }
+            Err(e) => {
+                st.phase = Phase::Failed;
+                drop(st);
+                tracing::debug!("rdma_connect: bringing the QP up failed: {e}");
+                let _ = service.with_agent(|a, now| a.reject(now, conn, &[]));
+                self.report(id, CmEventKind::ConnectError, -e.errno(), EventParam::None);
+            }
+        }
+    }
+}
+
+impl CmSink for IdCore {
+    fn on_event(&self, service: &CmService, event: AgentEvent) {
+        match event {
+            AgentEvent::ConnectRequest {
+                conn, peer, req, ..
+            } => {
+                self.on_request(service, conn, peer, req);
+            }
+            AgentEvent::SidrRequest {
+                conn,
+                peer,
+                private_data,
+                ..
+            } => {
+                let req = Box::new(sidr_as_req(private_data.as_slice()));
+                self.on_request(service, conn, peer, req);
+            }
+            AgentEvent::ConnectResponse { conn, response } => {
+                self.on_response(service, conn, &response);
+            }
+            AgentEvent::Established { .. } => {
+                let Some(id) = self.handle() else { return };
+                let mut st = self.lock();
+                st.phase = Phase::Established;
+                let param = std::mem::replace(&mut st.established_param, EventParam::None);
+                drop(st);
+                self.report(id, CmEventKind::Established, 0, param);
+            }
+            AgentEvent::Rejected {
+                reason,
+                private_data,
+                ..
+            } => {
+                let Some(id) = self.handle() else { return };
+                self.lock().phase = Phase::Failed;
+                let param = EventParam::Conn(ConnEventParam {
+                    private_data: private_data.as_slice().to_vec(),
+                    ..ConnEventParam::default()
+                });
+                self.report(id, CmEventKind::Rejected, i32::from(reason.code()), param);
+            }
+            AgentEvent::Unreachable { .. } => {
+                let Some(id) = self.handle() else { return };
+                self.lock().phase = Phase::Failed;
+                self.report(
+                    id,
+                    CmEventKind::Unreachable,
+                    -(nix::errno::Errno::ETIMEDOUT as i32),
+                    EventParam::None,
+                );
+            }
+            AgentEvent::Disconnected { .. } => {
+                let Some(id) = self.handle() else { return };
+                let mut st = self.lock();
+                st.phase = Phase::Disconnected;
+                if let Some(qp) = &st.qp {
+                    to_error(qp);
+                }
+                drop(st);
+                self.report(id, CmEventKind::Disconnected, 0, EventParam::None);
+            }
+            AgentEvent::TimewaitExit { .. } => {
+                let Some(id) = self.handle() else { return };
+                self.report(id, CmEventKind::TimewaitExit, 0, EventParam::None);
+            }
+            AgentEvent::SidrReply {
+                status,
+                qpn,
+                qkey,
+                private_data,
+                ..
+            } => {
+                let Some(id) = self.handle() else { return };
+                let mut st = self.lock();
+                let remote_gid = match st.target {
+                    Target::Device(ip) => Gid::from_ip(ip),
+                    _ => Gid::ZERO,
+                };
+                if status == SidrStatus::Success {
+                    st.phase = Phase::Established;
+                    drop(st);
+                    let param = EventParam::Ud(UdParam {
+                        private_data: private_data.as_slice().to_vec(),
+                        remote_gid,
+                        qp_num: qpn,
+                        qkey,
+                    });
+                    self.report(id, CmEventKind::Established, 0, param);
+                } else {
+                    st.phase = Phase::Failed;
+                    drop(st);
+                    self.report(
+                        id,
+                        CmEventKind::Unreachable,
+                        i32::from(status.code()),
+                        EventParam::None,
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for IdCore {
+    fn drop(&mut self) {
+        let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
+        let Some(service) = st.service.take() else {
+            return;
+        };
+        if let Some(l) = st.listen.take() {
+            service.remove_sink(Owner::Listen(l.id));
+            let _ = service.with_agent(|a, _| a.unlisten(l.id));
+        }
+        if let Some(conn) = st.conn.take() {
+            service.remove_sink(Owner::Conn(conn));
+            let _ = service.with_agent(|a, now| a.destroy(now, conn));
+        }
+    }
+}
+
+/// A SIDR_REQ's private data as the fields of a request (UD ids report
+/// requests as connections do).
+fn sidr_as_req(private_data: &[u8]) -> Req {
+    use crate::soft::cm::msg::{CmBytes, PathInfo};
+    Req {
+        tid: 0,
+        local_comm_id: 0,
+        service_id: 0,
+        local_ca_guid: 0,
+        local_qkey: 0,
+        local_qpn: 0,
+        responder_resources: 0,
+        initiator_depth: 0,
+        remote_cm_response_timeout: 0,
+        transport: CmTransport::Rc,
+        flow_control: false,
+        starting_psn: 0,
+        local_cm_response_timeout: 0,
+        retry_count: 0,
+        rnr_retry_count: 0,
+        max_cm_retries: 0,
+        path_mtu: Mtu::Mtu1024,
+        pkey: 0xffff,
+        srq: false,
+        primary: PathInfo {
+            local_gid: Gid::ZERO,
+            remote_gid: Gid::ZERO,
+            flow_label: 0,
+            traffic_class: 0,
+            hop_limit: 0,
+            sl: 0,
+            local_ack_timeout: 0,
+        },
+        private_data: CmBytes::new(&private_data[..private_data.len().min(92)]).unwrap_or_default(),
+    }
+}
+
+/// Where the CM of the peer at `dst` is: a local address asks the
+/// rendezvous which device listens on the port.
+fn resolve_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
+    if !is_local(dst.ip()) {
+        return Ok(Target::Device(dst.ip()));
+    }
+    Ok(match rendezvous::lookup(space.code(), dst.port())? {
+        Some(ip) => Target::Device(ip),
+        None => Target::NoListener,
+    })
+}
+
+/// A free-looking ephemeral port.
+fn ephemeral_port() -> u16 {
+    let span = u32::from(EPHEMERAL.end() - EPHEMERAL.start()) + 1;
+    EPHEMERAL.start() + (random_u32() % span) as u16
+}
+
+/// Appends rdma_cm's IP CM header.
+fn ip_cm_header(out: &mut Vec<u8>, src_port: u16, src: IpAddr, dst: IpAddr) {
+    let mut hdr = [0u8; IP_CM_HDR];
+    IpCmHdrRepr { src_port, src, dst }.emit(&mut IpCmHdr::new_unchecked(&mut hdr[..]));
+    out.extend_from_slice(&hdr);
+}
+
+/// Brings a QP in RESET to INIT as rdma_cm does (UD: on to RTS, with
+/// rdma_cm's Q_Key); a QP past RESET is left as it is.
+fn prepare_qp(verb: Verb, qp: &QueuePair, space: PortSpace) -> Result<()> {
+    if qp.state() != QpState::Reset {
+        return Ok(());
+    }
+    let ud = qp.qp_type() == QpType::Ud;
+    if ud != space.is_ud() {
+        return Err(einval(
+            verb,
+            format!("a {:?} QP on an id of port space {space:?}", qp.qp_type()),
+        ));
+    }
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: PORT_NUM,
+        ..QpAttr::default()
+    };
+    if ud {
+        attr.qkey = RDMA_UDP_QKEY;
+        qp.modify(
+            &attr,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        )?;
+        attr.qp_state = QpState::Rtr;
+        qp.modify(&attr, QpAttrMask::STATE)?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = random_psn();
+        return qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN);
+    }
+    attr.qp_access_flags = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+}
+
+/// What RTR and RTS take from the CM exchange.
+struct Rtr {
+    peer: Gid,
+    dest_qpn: u32,
+    rq_psn: u32,
+    mtu: Mtu,
+    max_dest_rd_atomic: u8,
+    sq_psn: u32,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    max_rd_atomic: u8,
+}
+
+/// INIT → RTR → RTS (UC takes no timers, retries or READ depths).
+fn bring_up(verb: Verb, qp: &QueuePair, r: &Rtr) -> Result<()> {
+    let _ = verb;
+    let rc = qp.qp_type() == QpType::Rc;
+    let rc_only = |m: QpAttrMask| if rc { m } else { QpAttrMask::empty() };
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: r.mtu,
+        dest_qp_num: r.dest_qpn,
+        rq_psn: r.rq_psn,
+        max_dest_rd_atomic: r.max_dest_rd_atomic,
+        min_rnr_timer: MIN_RNR_TIMER,
+        ah_attr: AhAttr {
+            dgid: r.peer,
+            hop_limit: 64,
+            port_num: PORT_NUM,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | rc_only(QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER),
+    )?;
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = r.sq_psn;
+    attr.timeout = r.timeout;
+    attr.retry_cnt = r.retry_cnt.min(7);
+    attr.rnr_retry = r.rnr_retry.min(7);
+    attr.max_rd_atomic = r.max_rd_atomic;
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | rc_only(
+                QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            ),
+    )
+}
+
+/// Moves a QP to ERR (its outstanding work flushes), as rdma_disconnect
+/// does; a QP already gone or in RESET is left alone.
+fn to_error(qp: &QueuePair) {
+    if matches!(qp.state(), QpState::Reset | QpState::Err) {
+        return;
+    }
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    if let Err(e) = qp.modify(&attr, QpAttrMask::STATE) {
+        tracing::debug!("moving QP {:#x} to ERR: {e}", qp.qp_num());
+    }
+}
