@@ -21,7 +21,7 @@ fn registry() -> &'static Mutex<Vec<&'static Device>> {
 }
 
 /// The C device for `dev`, made on first sight.
-fn c_device(dev: rverbs::Device) -> &'static Device {
+pub(crate) fn c_device(dev: rverbs::Device) -> &'static Device {
     let mut list = registry().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(d) = list.iter().find(|d| d.rust.name() == dev.name()) {
         return d;

@@ -304,7 +304,7 @@ fn misuse_is_refused_with_einval() {
     );
     // A non-blocking channel says EAGAIN when nothing waits.
     let quiet = EventChannel::new().unwrap();
-    quiet.set_nonblocking(true);
+    quiet.set_nonblocking(true).unwrap();
     assert_eq!(quiet.get_event().unwrap_err().kind(), ErrorKind::WouldBlock);
 }
 

@@ -4,11 +4,11 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::id::CmId;
@@ -137,8 +137,9 @@ pub struct CmEvent {
 #[derive(Debug)]
 pub(crate) struct ChannelCore {
     queue: Mutex<VecDeque<CmEvent>>,
+    /// Its counter is non-zero exactly while events wait (so reading it
+    /// never blocks the library, whatever the program set with `fcntl`).
     ready: EventFd,
-    nonblocking: AtomicBool,
 }
 
 impl ChannelCore {
@@ -153,12 +154,14 @@ impl ChannelCore {
 
     fn pop(&self) -> Option<CmEvent> {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let event = q.pop_front();
+        let event = q.pop_front()?;
         if q.is_empty() {
-            // Reset while holding the queue: a push after this rings again.
+            // The counter is non-zero (the push into the empty queue rang
+            // it), so this read does not block. Reset while holding the
+            // queue: a push after this rings again.
             let _ = self.ready.read();
         }
-        event
+        Some(event)
     }
 }
 
@@ -172,26 +175,35 @@ pub struct EventChannel {
 impl EventChannel {
     /// A new channel (blocking).
     pub fn new() -> Result<EventChannel> {
-        let ready = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+        let ready = EventFd::from_flags(EfdFlags::EFD_CLOEXEC)
             .map_err(|e| Error::from_errno(Verb::CreateEventChannel, e, "eventfd"))?;
         Ok(EventChannel {
             core: Arc::new(ChannelCore {
                 queue: Mutex::new(VecDeque::new()),
                 ready,
-                nonblocking: AtomicBool::new(false),
             }),
         })
     }
 
     /// Makes [`get_event`](Self::get_event) fail with EAGAIN instead of
-    /// waiting (what `O_NONBLOCK` on the channel's fd does in C).
-    pub fn set_nonblocking(&self, nonblocking: bool) {
-        self.core.nonblocking.store(nonblocking, Ordering::Relaxed);
+    /// waiting: sets `O_NONBLOCK` on the channel's descriptor, as a C
+    /// program does with `fcntl` (which this honours too).
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        let fd = self.core.ready.as_fd();
+        let flags = fcntl(fd, FcntlArg::F_GETFL)
+            .map_err(|e| Error::from_errno(Verb::GetCmEvent, e, "fcntl"))?;
+        let mut flags = OFlag::from_bits_retain(flags);
+        flags.set(OFlag::O_NONBLOCK, nonblocking);
+        fcntl(fd, FcntlArg::F_SETFL(flags))
+            .map_err(|e| Error::from_errno(Verb::GetCmEvent, e, "fcntl"))?;
+        Ok(())
     }
 
-    /// Whether the channel is non-blocking.
+    /// Whether the channel is non-blocking (its descriptor has
+    /// `O_NONBLOCK`).
     pub fn is_nonblocking(&self) -> bool {
-        self.core.nonblocking.load(Ordering::Relaxed)
+        fcntl(self.core.ready.as_fd(), FcntlArg::F_GETFL)
+            .is_ok_and(|f| OFlag::from_bits_retain(f).contains(OFlag::O_NONBLOCK))
     }
 
     /// The next event (`rdma_get_cm_event`): waits for one, unless the

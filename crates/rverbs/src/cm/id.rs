@@ -201,10 +201,15 @@ struct IdState {
     req: Option<Box<Req>>,
     /// The parameters reported with ESTABLISHED.
     established_param: EventParam,
+    /// What RTR and RTS take, once the peer's REQ or REP is known.
+    rtr: Option<Rtr>,
 }
 
 pub(crate) struct IdCore {
     space: PortSpace,
+    /// The program's word for the id (the C library keeps its
+    /// `rdma_cm_id` pointer here).
+    user_data: std::sync::atomic::AtomicU64,
     channel: Mutex<Arc<ChannelCore>>,
     st: Mutex<IdState>,
     me: Weak<IdCore>,
@@ -308,6 +313,7 @@ impl CmId {
                 offer: None,
                 req: None,
                 established_param: EventParam::None,
+                rtr: None,
             },
         ))
     }
@@ -316,11 +322,25 @@ impl CmId {
         CmId {
             core: Arc::new_cyclic(|me| IdCore {
                 space,
+                user_data: std::sync::atomic::AtomicU64::new(0),
                 channel: Mutex::new(channel),
                 st: Mutex::new(st),
                 me: me.clone(),
             }),
         }
+    }
+
+    /// The program's word for the id (0 until set; a new id a connection
+    /// request brings starts at 0).
+    pub fn user_data(&self) -> u64 {
+        self.core.user_data.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Sets [`user_data`](Self::user_data).
+    pub fn set_user_data(&self, value: u64) {
+        self.core
+            .user_data
+            .store(value, std::sync::atomic::Ordering::Release);
     }
 
     /// Its port space.
@@ -359,6 +379,40 @@ impl CmId {
     /// RESET is left as it is.
     pub fn prepare_qp(&self, qp: &QueuePair) -> Result<()> {
         prepare_qp(Verb::ModifyQp, qp, self.core.space)
+    }
+
+    /// The attributes (and mask) that bring a QP of `qp_type` to `state`
+    /// for this id (`rdma_init_qp_attr`), for a program that moves its QP
+    /// itself: INIT at any time; RTR and RTS once the peer's request or
+    /// response is known (EINVAL before).
+    pub fn init_qp_attr(&self, qp_type: QpType, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        let verb = Verb::ModifyQp;
+        let ud = qp_type == QpType::Ud;
+        match state {
+            QpState::Init => Ok(init_attr(ud)),
+            QpState::Rtr | QpState::Rts if ud => Ok((
+                QpAttr {
+                    qp_state: state,
+                    sq_psn: self.core.lock().local_psn,
+                    ..QpAttr::default()
+                },
+                if state == QpState::Rts {
+                    QpAttrMask::STATE | QpAttrMask::SQ_PSN
+                } else {
+                    QpAttrMask::STATE
+                },
+            )),
+            QpState::Rtr | QpState::Rts => {
+                let rtr = self
+                    .core
+                    .lock()
+                    .rtr
+                    .ok_or_else(|| einval(verb, "the peer's request or response is not known yet"))?;
+                let [rtr_pair, rts_pair] = rtr_attrs(qp_type, &rtr);
+                Ok(if state == QpState::Rtr { rtr_pair } else { rts_pair })
+            }
+            other => Err(einval(verb, format!("rdma_init_qp_attr takes INIT, RTR or RTS, not {}", other.name()))),
+        }
     }
 
     /// Sends its future events to `channel` (`rdma_migrate_id`).
@@ -614,9 +668,7 @@ impl CmId {
                 "an accept carries at most 196 bytes of private data",
             ));
         }
-        let (Some(conn), Some(service), Some(device)) =
-            (st.conn, st.service.clone(), st.device.clone())
-        else {
+        let (Some(conn), Some(service)) = (st.conn, st.service.clone()) else {
             return Err(einval(verb, "the id has no connection request to accept"));
         };
         let qp_num = qp.map_or(param.qp_num, QueuePair::qp_num);
@@ -639,31 +691,16 @@ impl CmId {
             st.phase = Phase::Established;
             return Ok(());
         }
-        let Some(req) = st.req.clone() else {
-            return Err(einval(verb, "the id has no connection request to accept"));
-        };
+        if let Some(rtr) = st.rtr.as_mut() {
+            rtr.max_dest_rd_atomic = param.responder_resources;
+            rtr.max_rd_atomic = param.initiator_depth;
+        }
         if let Some(qp) = qp {
             prepare_qp(verb, qp, self.core.space)?;
-            let peer = match st.target {
-                Target::Device(ip) => Gid::from_ip(ip),
-                _ => req.primary.local_gid,
+            let Some(rtr) = st.rtr else {
+                return Err(einval(verb, "the id has no connection request to accept"));
             };
-            bring_up(
-                verb,
-                qp,
-                &Rtr {
-                    peer,
-                    dest_qpn: req.local_qpn,
-                    rq_psn: req.starting_psn,
-                    mtu: req.path_mtu.min(device.core.port.active_mtu),
-                    max_dest_rd_atomic: param.responder_resources,
-                    sq_psn: st.local_psn,
-                    timeout: req.primary.local_ack_timeout,
-                    retry_cnt: req.retry_count,
-                    rnr_retry: req.rnr_retry_count,
-                    max_rd_atomic: param.initiator_depth,
-                },
-            )?;
+            bring_up(verb, qp, &rtr)?;
             st.qp = Some(qp.view());
         }
         let srq = qp.map_or(param.srq, |q| q.core.srq.is_some());
@@ -826,6 +863,7 @@ impl IdCore {
                 offer: None,
                 req: None,
                 established_param: EventParam::None,
+                rtr: None,
             },
         );
         service.set_sink(Owner::Conn(conn), id.core.sink());
@@ -839,7 +877,26 @@ impl IdCore {
             srq: req.srq,
             qp_num: req.local_qpn,
         };
-        id.core.lock().req = Some(req);
+        {
+            let mut st = id.core.lock();
+            let port_mtu = st
+                .device
+                .as_ref()
+                .map_or(Mtu::Mtu1024, |d| d.core.port.active_mtu);
+            st.rtr = Some(Rtr {
+                peer,
+                dest_qpn: req.local_qpn,
+                rq_psn: req.starting_psn,
+                mtu: req.path_mtu.min(port_mtu),
+                max_dest_rd_atomic: req.initiator_depth,
+                sq_psn: st.local_psn,
+                timeout: req.primary.local_ack_timeout,
+                retry_cnt: req.retry_count,
+                rnr_retry: req.rnr_retry_count,
+                max_rd_atomic: req.responder_resources,
+            });
+            st.req = Some(req);
+        }
         self.channel().push(CmEvent {
             id,
             listen_id: Some(listener),
@@ -864,13 +921,6 @@ impl IdCore {
             qp_num: response.remote_qpn,
         };
         let mut st = self.lock();
-        let Some(qp) = st.qp.as_ref() else {
-            // The program brings its QP up and calls establish.
-            st.established_param = EventParam::Conn(param.clone());
-            drop(st);
-            self.report(id, CmEventKind::ConnectResponse, 0, EventParam::Conn(param));
-            return;
-        };
         let offer = st.offer.clone().unwrap_or_default();
         let peer = match st.target {
             Target::Device(ip) => Gid::from_ip(ip),
@@ -880,22 +930,27 @@ impl IdCore {
             .device
             .as_ref()
             .map_or(Mtu::Mtu1024, |d| d.core.port.active_mtu);
-        let up = bring_up(
-            Verb::RdmaConnect,
-            qp,
-            &Rtr {
-                peer,
-                dest_qpn: response.remote_qpn,
-                rq_psn: response.remote_starting_psn,
-                mtu,
-                max_dest_rd_atomic: offer.responder_resources.min(response.responder_resources),
-                sq_psn: st.local_psn,
-                timeout: LOCAL_ACK_TIMEOUT,
-                retry_cnt: offer.retry_count.min(7),
-                rnr_retry: response.rnr_retry_count,
-                max_rd_atomic: offer.initiator_depth.min(response.initiator_depth),
-            },
-        );
+        let rtr = Rtr {
+            peer,
+            dest_qpn: response.remote_qpn,
+            rq_psn: response.remote_starting_psn,
+            mtu,
+            max_dest_rd_atomic: offer.responder_resources.min(response.responder_resources),
+            sq_psn: st.local_psn,
+            timeout: LOCAL_ACK_TIMEOUT,
+            retry_cnt: offer.retry_count.min(7),
+            rnr_retry: response.rnr_retry_count,
+            max_rd_atomic: offer.initiator_depth.min(response.initiator_depth),
+        };
+        st.rtr = Some(rtr);
+        let Some(qp) = st.qp.as_ref() else {
+            // The program brings its QP up and calls establish.
+            st.established_param = EventParam::Conn(param.clone());
+            drop(st);
+            self.report(id, CmEventKind::ConnectResponse, 0, EventParam::Conn(param));
+            return;
+        };
+        let up = bring_up(Verb::RdmaConnect, qp, &rtr);
         match up {
             Ok(()) => {
                 st.established_param = EventParam::Conn(param);
@@ -1095,65 +1150,31 @@ fn ip_cm_header(out: &mut Vec<u8>, src_port: u16, src: IpAddr, dst: IpAddr) {
     out.extend_from_slice(&hdr);
 }
 
-/// Brings a QP in RESET to INIT as rdma_cm does (UD: on to RTS, with
-/// rdma_cm's Q_Key); a QP past RESET is left as it is.
-fn prepare_qp(verb: Verb, qp: &QueuePair, space: PortSpace) -> Result<()> {
-    if qp.state() != QpState::Reset {
-        return Ok(());
-    }
-    let ud = qp.qp_type() == QpType::Ud;
-    if ud != space.is_ud() {
-        return Err(einval(
-            verb,
-            format!("a {:?} QP on an id of port space {space:?}", qp.qp_type()),
-        ));
-    }
+/// The INIT attributes rdma_cm gives a QP: remote READ, WRITE and atomic
+/// access (UD: rdma_cm's Q_Key).
+fn init_attr(ud: bool) -> (QpAttr, QpAttrMask) {
     let mut attr = QpAttr {
         qp_state: QpState::Init,
         pkey_index: 0,
         port_num: PORT_NUM,
         ..QpAttr::default()
     };
+    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
     if ud {
         attr.qkey = RDMA_UDP_QKEY;
-        qp.modify(
-            &attr,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-        )?;
-        attr.qp_state = QpState::Rtr;
-        qp.modify(&attr, QpAttrMask::STATE)?;
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = random_psn();
-        return qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN);
+        (attr, base | QpAttrMask::QKEY)
+    } else {
+        attr.qp_access_flags = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        (attr, base | QpAttrMask::ACCESS_FLAGS)
     }
-    attr.qp_access_flags = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
 }
 
-/// What RTR and RTS take from the CM exchange.
-struct Rtr {
-    peer: Gid,
-    dest_qpn: u32,
-    rq_psn: u32,
-    mtu: Mtu,
-    max_dest_rd_atomic: u8,
-    sq_psn: u32,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    max_rd_atomic: u8,
-}
-
-/// INIT → RTR → RTS (UC takes no timers, retries or READ depths).
-fn bring_up(verb: Verb, qp: &QueuePair, r: &Rtr) -> Result<()> {
-    let _ = verb;
-    let rc = qp.qp_type() == QpType::Rc;
+/// The RTR and RTS attributes (and masks) of `r` for a QP of `qp_type`.
+fn rtr_attrs(qp_type: QpType, r: &Rtr) -> [(QpAttr, QpAttrMask); 2] {
+    let rc = qp_type == QpType::Rc;
     let rc_only = |m: QpAttrMask| if rc { m } else { QpAttrMask::empty() };
     let mut attr = QpAttr {
         qp_state: QpState::Rtr,
@@ -1170,23 +1191,23 @@ fn bring_up(verb: Verb, qp: &QueuePair, r: &Rtr) -> Result<()> {
         },
         ..QpAttr::default()
     };
-    qp.modify(
-        &attr,
+    let rtr = (
+        attr,
         QpAttrMask::STATE
             | QpAttrMask::AV
             | QpAttrMask::PATH_MTU
             | QpAttrMask::DEST_QPN
             | QpAttrMask::RQ_PSN
             | rc_only(QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER),
-    )?;
+    );
     attr.qp_state = QpState::Rts;
     attr.sq_psn = r.sq_psn;
     attr.timeout = r.timeout;
     attr.retry_cnt = r.retry_cnt.min(7);
     attr.rnr_retry = r.rnr_retry.min(7);
     attr.max_rd_atomic = r.max_rd_atomic;
-    qp.modify(
-        &attr,
+    let rts = (
+        attr,
         QpAttrMask::STATE
             | QpAttrMask::SQ_PSN
             | rc_only(
@@ -1195,7 +1216,57 @@ fn bring_up(verb: Verb, qp: &QueuePair, r: &Rtr) -> Result<()> {
                     | QpAttrMask::RNR_RETRY
                     | QpAttrMask::MAX_QP_RD_ATOMIC,
             ),
-    )
+    );
+    [rtr, rts]
+}
+
+/// Brings a QP in RESET to INIT as rdma_cm does (UD: on to RTS, with
+/// rdma_cm's Q_Key); a QP past RESET is left as it is.
+fn prepare_qp(verb: Verb, qp: &QueuePair, space: PortSpace) -> Result<()> {
+    if qp.state() != QpState::Reset {
+        return Ok(());
+    }
+    let ud = qp.qp_type() == QpType::Ud;
+    if ud != space.is_ud() {
+        return Err(einval(
+            verb,
+            format!("a {:?} QP on an id of port space {space:?}", qp.qp_type()),
+        ));
+    }
+    let (mut attr, mask) = init_attr(ud);
+    qp.modify(&attr, mask)?;
+    if ud {
+        attr.qp_state = QpState::Rtr;
+        qp.modify(&attr, QpAttrMask::STATE)?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = random_psn();
+        qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)?;
+    }
+    Ok(())
+}
+
+/// What RTR and RTS take from the CM exchange.
+#[derive(Debug, Clone, Copy)]
+struct Rtr {
+    peer: Gid,
+    dest_qpn: u32,
+    rq_psn: u32,
+    mtu: Mtu,
+    max_dest_rd_atomic: u8,
+    sq_psn: u32,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    max_rd_atomic: u8,
+}
+
+/// INIT → RTR → RTS (UC takes no timers, retries or READ depths).
+fn bring_up(verb: Verb, qp: &QueuePair, r: &Rtr) -> Result<()> {
+    let _ = verb;
+    for (attr, mask) in rtr_attrs(qp.qp_type(), r) {
+        qp.modify(&attr, mask)?;
+    }
+    Ok(())
 }
 
 /// Moves a QP to ERR (its outstanding work flushes), as rdma_disconnect
