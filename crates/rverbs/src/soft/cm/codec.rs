@@ -2,9 +2,11 @@
 //! (`rverbs_wire::cm`) on one side, [`CmMessage`] on the other.
 //!
 //! What the agent does not model is written as the Linux CM writes it on
-//! a RoCE port, and ignored when read: LIDs 0 (RoCE routes by GID), no
-//! alternate path, no EECs, no ECE vendor options, packet rate 0 (the
-//! port's own), "subnet local" when the hop limit is at most 1. Private
+//! a RoCE port, and ignored when read: a REQ's LIDs are the permissive LID
+//! 0xFFFF when the hop limit is over 1 and 0 otherwise (RoCE routes by
+//! GID), no alternate path, no EECs, no ECE vendor options, packet rate 0
+//! (the port's own), "subnet local" when the hop limit is at most 1 (the
+//! tests check this against REQs captured from the kernel). Private
 //! data comes back at its message's full room, as it does from the kernel
 //! (rdma_cm reports the room, not what the sender filled).
 
@@ -24,6 +26,20 @@ use crate::soft::engine::MAD_LEN;
 /// Transport service type codes of a REQ.
 const TRANSPORT_RC: u8 = 0;
 const TRANSPORT_UC: u8 = 1;
+
+/// The permissive LID, which the Linux CM writes as both of a REQ's LIDs
+/// for a path that leaves the subnet (hop limit over 1: every routable
+/// RoCEv2 path), having no LID of the peer.
+const PERMISSIVE_LID: u16 = 0xffff;
+
+/// The LID a REQ names either port by on a RoCE path with `hop_limit`.
+fn roce_req_lid(hop_limit: u8) -> u16 {
+    if hop_limit <= 1 {
+        0
+    } else {
+        PERMISSIVE_LID
+    }
+}
 
 /// Why a MAD is not a message for the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,8 +242,8 @@ pub(crate) fn encode(msg: &CmMessage) -> [u8; MAD_LEN] {
                 srq: m.srq,
                 extended_transport_type: 0,
                 primary_path: CmReqPathRepr {
-                    local_lid: 0,
-                    remote_lid: 0,
+                    local_lid: roce_req_lid(p.hop_limit),
+                    remote_lid: roce_req_lid(p.hop_limit),
                     local_gid: p.local_gid.0,
                     remote_gid: p.remote_gid.0,
                     flow_label: p.flow_label,
@@ -487,7 +503,8 @@ mod tests {
         };
         assert_eq!(
             (r.primary_path.local_lid, r.primary_path.remote_lid),
-            (0, 0)
+            (0xffff, 0xffff),
+            "hop limit 64: the permissive LID"
         );
         assert!(
             !r.primary_path.subnet_local,
@@ -495,6 +512,15 @@ mod tests {
         );
         assert_eq!(r.alternate_path, CmReqPathRepr::default());
         assert_eq!(r.path_mtu, 3);
+        // A subnet-local path (hop limit 1): LIDs 0, subnet local.
+        let mut local = req();
+        local.primary.hop_limit = 1;
+        let mad = encode(&CmMessage::Req(Box::new(local)));
+        let CmMessageRepr::Req(r) = CmMadRepr::parse(&mad).unwrap().message else {
+            panic!("not a REQ");
+        };
+        let p = &r.primary_path;
+        assert_eq!((p.local_lid, p.remote_lid, p.subnet_local), (0, 0, true));
     }
 
     #[test]
@@ -536,5 +562,448 @@ mod tests {
                 .collect();
             let _ = decode(&bytes);
         }
+    }
+
+    // ---- What the Linux kernel's CM sends (testdata/README.md) ----
+    //
+    // Whole IPv4 packets captured on the host side of the rxe guest's tap
+    // (scripts/rxe-guest/capture-cm): kernel 6.1.0-50-amd64's ib_cm and
+    // rdma_cm on rdma_rxe, rdmacm-utils 44.0-2, guest 10.77.0.2 (the active
+    // side) to host 10.77.0.1, where nothing answered. The values asserted
+    // below are what the kernel sent.
+
+    /// The guest: kernel rdma_rxe, the active side of every capture.
+    const KERNEL_GUEST_IP: [u8; 4] = [10, 77, 0, 2];
+    /// The host the guest connected to.
+    const KERNEL_HOST_IP: [u8; 4] = [10, 77, 0, 1];
+    /// rxe0's node GUID (from the guest's MAC 52:54:00:7e:00:02), which the
+    /// kernel sends as the REQ's local CA GUID and a REJ's ARI.
+    const KERNEL_NODE_GUID: u64 = 0x5054_00ff_fe7e_0002;
+    /// The UDP source port of the guest's QP 1.
+    const KERNEL_GSI_SPORT: u16 = 55410;
+
+    /// `rping -c -a 10.77.0.1 -p 7174 -C 1 -v`: its REQ.
+    const KERNEL_RPING_REQ: &[u8] = include_bytes!("testdata/kernel-rping-req.bin");
+    /// The REJ the kernel sent when rping, unanswered, was killed.
+    const KERNEL_RPING_REJ: &[u8] = include_bytes!("testdata/kernel-rping-rej.bin");
+    /// `udaddy -s 10.77.0.1`: its SIDR_REQ.
+    const KERNEL_UDADDY_SIDR_REQ: &[u8] = include_bytes!("testdata/kernel-udaddy-sidr-req.bin");
+    /// `ucmatose -s 10.77.0.1`: its REQ.
+    const KERNEL_UCMATOSE_REQ: &[u8] = include_bytes!("testdata/kernel-ucmatose-req.bin");
+    /// The REJ the kernel sent when ucmatose was killed.
+    const KERNEL_UCMATOSE_REJ: &[u8] = include_bytes!("testdata/kernel-ucmatose-rej.bin");
+
+    const KERNEL_FIXTURES: [(&str, &[u8]); 5] = [
+        ("rping REQ", KERNEL_RPING_REQ),
+        ("rping REJ", KERNEL_RPING_REJ),
+        ("udaddy SIDR_REQ", KERNEL_UDADDY_SIDR_REQ),
+        ("ucmatose REQ", KERNEL_UCMATOSE_REQ),
+        ("ucmatose REJ", KERNEL_UCMATOSE_REJ),
+    ];
+
+    /// The MAD in a captured IPv4 packet, after checking every layer around
+    /// it as sent by the kernel: IPv4 from the guest to the host with DF,
+    /// UDP from QP 1's port to 4791, a UD SEND ONLY from QP 1 to QP 1 with
+    /// the GSI Q_Key, the default P_Key and a 256-byte payload, and an ICRC
+    /// that is right for the IPv4 ID on the wire — which the ICRC alone
+    /// also gives, as a receiver that sees only the UDP payload solves for
+    /// it.
+    fn kernel_mad(what: &str, pkt: &'static [u8]) -> &'static [u8] {
+        use rverbs_wire::icrc::{self, IpUdpHeaders, Ipv4IdSolver};
+        use rverbs_wire::{DethRepr, Opcode, PacketRepr};
+        use std::net::{Ipv4Addr, SocketAddr};
+
+        let (ip, rest) = pkt.split_at(20);
+        let (udp, roce) = rest.split_at(8);
+        assert_eq!(ip[0], 0x45, "{what}: IPv4 without options");
+        assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), pkt.len());
+        assert_eq!(ip[6] & 0x40, 0x40, "{what}: DF");
+        assert_eq!(ip[9], 17, "{what}: UDP");
+        assert_eq!(
+            (&ip[12..16], &ip[16..20]),
+            (&KERNEL_GUEST_IP[..], &KERNEL_HOST_IP[..])
+        );
+        let ipv4_id = u16::from_be_bytes([ip[4], ip[5]]);
+        let sport = u16::from_be_bytes([udp[0], udp[1]]);
+        assert_eq!(sport, KERNEL_GSI_SPORT, "{what}");
+        assert_eq!(u16::from_be_bytes([udp[2], udp[3]]), icrc::ROCE_V2_PORT);
+        assert_eq!(
+            usize::from(u16::from_be_bytes([udp[4], udp[5]])),
+            8 + roce.len()
+        );
+
+        let p = PacketRepr::parse(roce).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(p.bth.opcode, Opcode::UD_SEND_ONLY, "{what}");
+        assert_eq!((p.bth.dest_qp, p.bth.pkey, p.bth.pad_count), (1, 0xffff, 0));
+        assert!(p.bth.ack_req, "{what}: the kernel sets AckReq on its MADs");
+        assert_eq!(
+            p.deth,
+            Some(DethRepr {
+                qkey: 0x8001_0000,
+                src_qp: 1
+            }),
+            "{what}"
+        );
+        assert_eq!(p.payload.len(), MAD_LEN, "{what}");
+
+        let (computed, on_wire) = icrc::check(ip, udp, roce).unwrap();
+        assert_eq!(computed, on_wire, "{what}: ICRC for IPv4 ID {ipv4_id}");
+        let from = SocketAddr::from((Ipv4Addr::from(KERNEL_GUEST_IP), sport));
+        let to = SocketAddr::from((Ipv4Addr::from(KERNEL_HOST_IP), icrc::ROCE_V2_PORT));
+        let h = IpUdpHeaders::linux(from, to, roce.len(), 0);
+        let (computed_for_0, _) = icrc::check(h.ip(), h.udp(), roce).unwrap();
+        let solved = Ipv4IdSolver::new().solve(computed_for_0, on_wire, 0, 20, roce.len() - 4);
+        assert_eq!(solved, Some(ipv4_id), "{what}: the IPv4 ID from the ICRC");
+        p.payload
+    }
+
+    /// The RDMA IP CM header rdma_cm puts at the start of a REQ's or
+    /// SIDR_REQ's private data, followed by zeros (rping, udaddy and
+    /// ucmatose send no private data of their own).
+    fn ip_cm_private_data<const N: usize>(src_port: u16) -> CmBytes<N> {
+        use rverbs_wire::{IpCmHdr, IpCmHdrRepr};
+        let mut pd = [0u8; N];
+        IpCmHdrRepr {
+            src_port,
+            src: IpAddr::from(KERNEL_GUEST_IP),
+            dst: IpAddr::from(KERNEL_HOST_IP),
+        }
+        .emit(&mut IpCmHdr::new_unchecked(&mut pd[..36]));
+        CmBytes::new(&pd).unwrap()
+    }
+
+    /// The flow label rdma_cm gives a RoCEv2 path for IPv4 (and for IPv6
+    /// without one set): from the rdma_cm source and destination ports.
+    fn rdma_cm_flow_label(src_port: u16, dst_port: u16) -> u32 {
+        (u32::from(src_port) * 31 + u32::from(dst_port)) & 0xf_ffff
+    }
+
+    fn kernel_path() -> PathInfo {
+        PathInfo {
+            local_gid: Gid::from_ip(IpAddr::from(KERNEL_GUEST_IP)),
+            remote_gid: Gid::from_ip(IpAddr::from(KERNEL_HOST_IP)),
+            flow_label: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+            sl: 0,
+            local_ack_timeout: 19,
+        }
+    }
+
+    #[test]
+    fn the_kernels_rping_req_decodes_to_what_rdma_cm_sent() {
+        let mad = kernel_mad("rping REQ", KERNEL_RPING_REQ);
+        let Ok(CmMessage::Req(req)) = decode(mad) else {
+            panic!("not a REQ: {:?}", decode(mad));
+        };
+        // The rdma_cm source port, from the IP CM header.
+        let src_port = 0xbddc;
+        let expected = Req {
+            // ib_mad's agent TID (2) high, the comm ID byte-swapped low.
+            tid: 0x0000_0002_97db_1ea7,
+            local_comm_id: 0xa71e_db97,
+            // RDMA_PS_TCP, rping's port 7174.
+            service_id: rverbs_wire::RdmaPortSpace::Tcp.service_id(7174),
+            local_ca_guid: KERNEL_NODE_GUID,
+            local_qkey: 0,
+            local_qpn: 0x11,
+            // rping's conn_param: 1 and 1, retry 7, RNR retry 7.
+            responder_resources: 1,
+            initiator_depth: 1,
+            remote_cm_response_timeout: 20,
+            transport: CmTransport::Rc,
+            flow_control: false,
+            starting_psn: 0x3b_2e27,
+            local_cm_response_timeout: 20,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            max_cm_retries: 15,
+            // rxe0's active MTU on a 1500-byte link.
+            path_mtu: Mtu::Mtu1024,
+            pkey: 0xffff,
+            srq: false,
+            primary: PathInfo {
+                flow_label: rdma_cm_flow_label(src_port, 7174),
+                ..kernel_path()
+            },
+            private_data: ip_cm_private_data(src_port),
+        };
+        assert_eq!(*req, expected);
+        assert_eq!(req.primary.flow_label, 0x7_19aa);
+        assert!(req.local_qpn != 0 && req.starting_psn != 0);
+        let hdr = rverbs_wire::IpCmHdrRepr::parse(&rverbs_wire::IpCmHdr::new_unchecked(
+            req.private_data.as_slice(),
+        ))
+        .unwrap();
+        assert_eq!(
+            (hdr.src, hdr.dst),
+            (IpAddr::from(KERNEL_GUEST_IP), IpAddr::from(KERNEL_HOST_IP))
+        );
+    }
+
+    #[test]
+    fn the_kernels_rping_req_has_permissive_lids_and_no_alternate_path() {
+        // What the agent's `Req` does not hold: the raw REQ.
+        let mad = kernel_mad("rping REQ", KERNEL_RPING_REQ);
+        let repr = CmMadRepr::parse(mad).unwrap();
+        assert_eq!(
+            (
+                repr.method,
+                repr.status,
+                repr.class_specific,
+                repr.attribute_modifier
+            ),
+            (0x03, 0, 0, 0)
+        );
+        let CmMessageRepr::Req(r) = repr.message else {
+            panic!("not a REQ");
+        };
+        let p = &r.primary_path;
+        // Hop limit 64 > 1: the kernel's CM writes the permissive LID.
+        assert_eq!((p.local_lid, p.remote_lid), (0xffff, 0xffff));
+        assert_eq!((p.packet_rate, p.subnet_local), (0, false));
+        assert_eq!(r.alternate_path, CmReqPathRepr::default());
+        assert_eq!((r.vendor_id, r.local_eecn, r.remote_eecn), (0, 0, 0));
+        assert!(!r.rdc_exists && !r.sap_supported);
+        assert_eq!(r.extended_transport_type, 0);
+    }
+
+    #[test]
+    fn the_kernels_ucmatose_req_decodes_to_what_rdma_cm_sent() {
+        let mad = kernel_mad("ucmatose REQ", KERNEL_UCMATOSE_REQ);
+        let Ok(CmMessage::Req(req)) = decode(mad) else {
+            panic!("not a REQ: {:?}", decode(mad));
+        };
+        let src_port = 0xd418;
+        let expected = Req {
+            tid: 0x0000_0002_97db_1ea5,
+            local_comm_id: 0xa51e_db97,
+            // RDMA_PS_TCP, ucmatose's port 7471.
+            service_id: rverbs_wire::RdmaPortSpace::Tcp.service_id(7471),
+            local_ca_guid: KERNEL_NODE_GUID,
+            local_qkey: 0,
+            local_qpn: 0x13,
+            // ucmatose's conn_param: 1 and 1, retry 5, RNR retry not set.
+            responder_resources: 1,
+            initiator_depth: 1,
+            remote_cm_response_timeout: 20,
+            transport: CmTransport::Rc,
+            flow_control: false,
+            starting_psn: 0xb4_0701,
+            local_cm_response_timeout: 20,
+            retry_count: 5,
+            rnr_retry_count: 0,
+            max_cm_retries: 15,
+            path_mtu: Mtu::Mtu1024,
+            pkey: 0xffff,
+            srq: false,
+            primary: PathInfo {
+                flow_label: rdma_cm_flow_label(src_port, 7471),
+                ..kernel_path()
+            },
+            private_data: ip_cm_private_data(src_port),
+        };
+        assert_eq!(*req, expected);
+        assert_eq!(req.primary.flow_label, 0x9_cc17);
+    }
+
+    #[test]
+    fn the_kernels_udaddy_sidr_req_decodes_to_what_rdma_cm_sent() {
+        let mad = kernel_mad("udaddy SIDR_REQ", KERNEL_UDADDY_SIDR_REQ);
+        let Ok(CmMessage::SidrReq(req)) = decode(mad) else {
+            panic!("not a SIDR_REQ: {:?}", decode(mad));
+        };
+        let expected = SidrReq {
+            tid: 0x0000_0002_97db_1ea6,
+            request_id: 0xa61e_db97,
+            pkey: 0xffff,
+            // RDMA_PS_UDP, udaddy's port 7174.
+            service_id: rverbs_wire::RdmaPortSpace::Udp.service_id(7174),
+            private_data: ip_cm_private_data(0x906e),
+        };
+        assert_eq!(*req, expected);
+        assert_eq!(req.service_id, 0x0111_1c06);
+    }
+
+    #[test]
+    fn the_kernels_rej_of_an_abandoned_req_names_it_by_ca_guid_and_comm_id() {
+        // Destroying a connection in REQ_SENT: REJ "timeout", message
+        // rejected "other", the REQ's comm ID as the REJ's local one, no
+        // remote comm ID, the node GUID as ARI, the REQ's TID.
+        for (what, req_pkt, rej_pkt) in [
+            ("rping", KERNEL_RPING_REQ, KERNEL_RPING_REJ),
+            ("ucmatose", KERNEL_UCMATOSE_REQ, KERNEL_UCMATOSE_REJ),
+        ] {
+            let Ok(CmMessage::Req(req)) = decode(kernel_mad(what, req_pkt)) else {
+                panic!("{what}: not a REQ");
+            };
+            let Ok(CmMessage::Rej(rej)) = decode(kernel_mad(what, rej_pkt)) else {
+                panic!("{what}: not a REJ");
+            };
+            let expected = Rej {
+                tid: req.tid,
+                local_comm_id: req.local_comm_id,
+                remote_comm_id: 0,
+                message_rejected: MsgResponse::Other,
+                reason: RejReason::Timeout,
+                ari: CmBytes::new(&KERNEL_NODE_GUID.to_be_bytes()).unwrap(),
+                private_data: CmBytes::new(&[0; REJ_PRIVATE_DATA]).unwrap(),
+            };
+            assert_eq!(*rej, expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_kernels_mads_survive_our_codec_byte_for_byte() {
+        for (what, pkt) in KERNEL_FIXTURES {
+            let mad = kernel_mad(what, pkt);
+            let msg = decode(mad).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            let again = encode(&msg);
+            let differ: Vec<usize> = (0..MAD_LEN).filter(|&i| again[i] != mad[i]).collect();
+            assert!(
+                differ.is_empty(),
+                "{what}: our encoding differs from the kernel's at MAD bytes {differ:?}"
+            );
+        }
+    }
+
+    /// An agent on the host's port, as the fixtures' peer.
+    fn host_agent() -> crate::soft::cm::agent::CmAgent {
+        use crate::soft::cm::agent::{CmAgent, CmConfig};
+        let mut x = 0x1234_5678u32;
+        CmAgent::new(
+            Gid::from_ip(IpAddr::from(KERNEL_HOST_IP)),
+            0x0200_00ff_fe00_0001,
+            CmConfig::default(),
+            Box::new(move || {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x
+            }),
+        )
+    }
+
+    #[test]
+    fn a_listening_agent_takes_the_kernels_req_and_its_rej() {
+        use crate::soft::cm::agent::CmEvent;
+        let guest = Gid::from_ip(IpAddr::from(KERNEL_GUEST_IP));
+        let now = std::time::Instant::now();
+        let mut host = host_agent();
+        let listen = host.listen(0x0106_1c06, 8).unwrap();
+        let req = decode(kernel_mad("rping REQ", KERNEL_RPING_REQ)).unwrap();
+        host.handle_message(now, guest, req.clone());
+        let Some(CmEvent::ConnectRequest {
+            listen: l,
+            conn,
+            peer,
+            req: got,
+        }) = host.poll_event()
+        else {
+            panic!("no connect request");
+        };
+        assert_eq!((l, peer, got.local_qpn), (listen, guest, 0x11));
+        // The kernel's resend (byte-identical): no second request; the
+        // agent asks the kernel to wait with an MRA for the REQ.
+        host.handle_message(now, guest, req);
+        assert!(host.poll_event().is_none());
+        let mra = host.poll_transmit().expect("an MRA");
+        let CmMessage::Mra(mra) = mra.msg else {
+            panic!("not an MRA: {:?}", mra.msg);
+        };
+        assert_eq!(
+            (mra.tid, mra.remote_comm_id, mra.message_mraed),
+            (0x0000_0002_97db_1ea7, 0xa71e_db97, MsgResponse::Req)
+        );
+        // The kernel gives up (rping killed): its REJ names the connection
+        // by CA GUID and comm ID only.
+        let rej = decode(kernel_mad("rping REJ", KERNEL_RPING_REJ)).unwrap();
+        host.handle_message(now, guest, rej);
+        let Some(CmEvent::Rejected {
+            conn: rejected,
+            reason,
+            ..
+        }) = host.poll_event()
+        else {
+            panic!("no rejection");
+        };
+        assert_eq!((rejected, reason), (conn, RejReason::Timeout));
+        assert_eq!(host.stats().drops.unknown_conn, 0);
+    }
+
+    #[test]
+    fn a_listening_agent_takes_the_kernels_sidr_req() {
+        use crate::soft::cm::agent::CmEvent;
+        let guest = Gid::from_ip(IpAddr::from(KERNEL_GUEST_IP));
+        let mut host = host_agent();
+        let listen = host.listen(0x0111_1c06, 8).unwrap();
+        let req = decode(kernel_mad("udaddy SIDR_REQ", KERNEL_UDADDY_SIDR_REQ)).unwrap();
+        host.handle_message(std::time::Instant::now(), guest, req);
+        let Some(CmEvent::SidrRequest {
+            listen: l,
+            peer,
+            service_id,
+            pkey,
+            private_data,
+            ..
+        }) = host.poll_event()
+        else {
+            panic!("no SIDR request");
+        };
+        assert_eq!(
+            (l, peer, service_id, pkey),
+            (listen, guest, 0x0111_1c06, 0xffff)
+        );
+        assert_eq!(private_data, ip_cm_private_data(0x906e));
+    }
+
+    #[test]
+    fn our_rdma_cm_defaults_agree_with_the_kernels_req_where_rdma_cm_decides() {
+        // What rdma_cm (not the application, not the address) chooses, as
+        // the kernel sent it for rping; ConnectParams::rdma_cm_defaults
+        // must send the same. (Fields the application sets — responder
+        // resources, initiator depth, retry counts — and those from the
+        // addresses — flow label, GIDs — are left out.)
+        use crate::soft::cm::agent::ConnectParams;
+        let Ok(CmMessage::Req(kernel)) = decode(kernel_mad("rping REQ", KERNEL_RPING_REQ)) else {
+            panic!("not a REQ");
+        };
+        let mut ours = host_agent();
+        let p = ConnectParams::rdma_cm_defaults(
+            Gid::from_ip(IpAddr::from(KERNEL_GUEST_IP)),
+            kernel.service_id,
+            0x11,
+            0x3b_2e27,
+        );
+        ours.connect(std::time::Instant::now(), p).unwrap();
+        let CmMessage::Req(req) = ours.poll_transmit().expect("a REQ").msg else {
+            panic!("not a REQ");
+        };
+        let rdma_cm = |r: &Req| {
+            (
+                r.remote_cm_response_timeout,
+                r.local_cm_response_timeout,
+                r.max_cm_retries,
+                r.transport,
+                r.path_mtu,
+                r.pkey,
+                r.srq,
+                r.local_qkey,
+            )
+        };
+        assert_eq!(rdma_cm(&req), rdma_cm(&kernel));
+        let path = |p: &PathInfo| (p.traffic_class, p.hop_limit, p.sl);
+        assert_eq!(path(&req.primary), path(&kernel.primary));
+        // And the LIDs, which the agent leaves to the codec.
+        let (a, b) = (
+            CmMadRepr::parse(&encode(&CmMessage::Req(req))).unwrap(),
+            CmMadRepr::parse(kernel_mad("rping REQ", KERNEL_RPING_REQ)).unwrap(),
+        );
+        let (CmMessageRepr::Req(a), CmMessageRepr::Req(b)) = (a.message, b.message) else {
+            panic!("not REQs");
+        };
+        assert_eq!(a.primary_path.local_lid, b.primary_path.local_lid);
+        assert_eq!(a.primary_path.remote_lid, b.primary_path.remote_lid);
+        assert_eq!(a.alternate_path, b.alternate_path);
     }
 }
