@@ -18,7 +18,7 @@ use crate::qp_ex::{fill_wr_ops, SEND_OPS};
 use crate::wr::{post_recv_chain, post_send_chain};
 
 /// The QP state of a C `enum ibv_qp_state` value.
-fn qp_state(s: u32) -> Option<QpState> {
+pub(crate) fn qp_state(s: u32) -> Option<QpState> {
     Some(match s {
         IBV_QPS_RESET => QpState::Reset,
         IBV_QPS_INIT => QpState::Init,
@@ -32,6 +32,32 @@ fn qp_state(s: u32) -> Option<QpState> {
 }
 
 /// QP sizes as rverbs takes them.
+/// The C `ibv_qp_attr` of QP attributes.
+pub(crate) fn c_qp_attr(q: &QpAttr) -> ibv_qp_attr {
+    let mut a = ibv_qp_attr::default();
+    a.qp_state = q.qp_state as u32;
+    a.cur_qp_state = q.cur_qp_state as u32;
+    a.path_mtu = q.path_mtu as u32;
+    a.qkey = q.qkey;
+    a.rq_psn = q.rq_psn;
+    a.sq_psn = q.sq_psn;
+    a.dest_qp_num = q.dest_qp_num;
+    a.qp_access_flags = q.qp_access_flags.bits();
+    a.cap = c_caps(&q.cap);
+    a.ah_attr = c_ah_attr(&q.ah_attr);
+    a.pkey_index = q.pkey_index;
+    a.en_sqd_async_notify = u8::from(q.en_sqd_async_notify);
+    a.sq_draining = u8::from(q.sq_draining);
+    a.max_rd_atomic = q.max_rd_atomic;
+    a.max_dest_rd_atomic = q.max_dest_rd_atomic;
+    a.min_rnr_timer = q.min_rnr_timer;
+    a.port_num = q.port_num;
+    a.timeout = q.timeout;
+    a.retry_cnt = q.retry_cnt;
+    a.rnr_retry = q.rnr_retry;
+    a
+}
+
 fn caps(c: &ibv_qp_cap) -> QpCaps {
     QpCaps {
         max_send_wr: c.max_send_wr,
@@ -289,27 +315,7 @@ export! { "IBVERBS_1.1"
                 Ok(q) => q,
                 Err(e) => return errno_of(&e),
             };
-            let mut a = ibv_qp_attr::default();
-            a.qp_state = q.qp_state as u32;
-            a.cur_qp_state = q.cur_qp_state as u32;
-            a.path_mtu = q.path_mtu as u32;
-            a.qkey = q.qkey;
-            a.rq_psn = q.rq_psn;
-            a.sq_psn = q.sq_psn;
-            a.dest_qp_num = q.dest_qp_num;
-            a.qp_access_flags = q.qp_access_flags.bits();
-            a.cap = c_caps(&q.cap);
-            a.ah_attr = c_ah_attr(&q.ah_attr);
-            a.pkey_index = q.pkey_index;
-            a.en_sqd_async_notify = u8::from(q.en_sqd_async_notify);
-            a.sq_draining = u8::from(q.sq_draining);
-            a.max_rd_atomic = q.max_rd_atomic;
-            a.max_dest_rd_atomic = q.max_dest_rd_atomic;
-            a.min_rnr_timer = q.min_rnr_timer;
-            a.port_num = q.port_num;
-            a.timeout = q.timeout;
-            a.retry_cnt = q.retry_cnt;
-            a.rnr_retry = q.rnr_retry;
+            let a = c_qp_attr(&q);
             // SAFETY: live QP; the caller passes writable structs.
             unsafe {
                 let c = &(*qp);

@@ -22,17 +22,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::AsRawFd;
 use std::ptr;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t, AF_INET, AF_INET6};
 use rverbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventParam, PortSpace};
-use rverbs::Gid;
 use rverbs_ibverbs_abi::abi::rdmacm::*;
 use rverbs_ibverbs_abi::abi::*;
 
 use crate::convert::c_ah_attr;
-use crate::ffi::{errno_of, guard, lock, neg, null, set_errno};
-use crate::handles::{context_ref, qp_ref};
+use crate::ffi::{errno_of, guard, lock, neg, null};
+use crate::handles::qp_ref;
 
 // ---- contexts and PDs ----------------------------------------------------
 
@@ -231,11 +229,11 @@ impl Id {
                 }
             }
             self.c.port_num = 1;
-            // SAFETY: writing plain data into the unions.
-            unsafe {
-                self.c.route.addr.addr.ibaddr.sgid = ibv_gid { raw: *dev.gid().raw() };
-                self.c.route.addr.addr.ibaddr.pkey = 0xffff_u16.to_be();
-            }
+            // Writing a union's field is safe (its bytes are plain data).
+            self.c.route.addr.addr.ibaddr.sgid = ibv_gid {
+                raw: *dev.gid().raw(),
+            };
+            self.c.route.addr.addr.ibaddr.pkey = 0xffff_u16.to_be();
         }
         if let Some(local) = self.rust.local_addr() {
             // SAFETY: the union's storage member covers it.
@@ -246,8 +244,7 @@ impl Id {
             unsafe { c_addr(peer, &mut self.c.route.addr.dst.dst_storage) };
         }
         if let Some(gid) = self.rust.peer_gid() {
-            // SAFETY: plain data.
-            unsafe { self.c.route.addr.addr.ibaddr.dgid = ibv_gid { raw: *gid.raw() } };
+            self.c.route.addr.addr.ibaddr.dgid = ibv_gid { raw: *gid.raw() };
             self.path.dgid = ibv_gid { raw: *gid.raw() };
             // SAFETY: plain data.
             self.path.sgid = unsafe { self.c.route.addr.addr.ibaddr.sgid };
@@ -408,7 +405,7 @@ fn to_c_event(ev: CmEvent) -> *mut rdma_cm_event {
     Box::into_raw(boxed).cast()
 }
 
-fn conn_param(p: *const rdma_conn_param) -> ConnParam {
+fn rust_conn_param(p: *const rdma_conn_param) -> ConnParam {
     // SAFETY: the caller passes a readable rdma_conn_param, or NULL.
     let Some(p) = (unsafe { p.as_ref() }) else {
         return ConnParam::default();
@@ -639,7 +636,10 @@ pub(crate) unsafe extern "C" fn rdma_resolve_addr(
 }
 
 /// `rdma_resolve_route`.
-pub(crate) unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn rdma_resolve_route(
+    id: *mut rdma_cm_id,
+    timeout_ms: c_int,
+) -> c_int {
     let _ = timeout_ms;
     guard(-1, || {
         // SAFETY: the program's id, or NULL.
@@ -682,7 +682,10 @@ pub(crate) unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mu
             Ok(d) => d,
             Err(e) => return null(errno_of(&e)),
         };
-        let contexts: Vec<_> = devices.iter().filter_map(|d| context_of(d).map(|c| c.0)).collect();
+        let contexts: Vec<_> = devices
+            .iter()
+            .filter_map(|d| context_of(d).map(|c| c.0))
+            .collect();
         // SAFETY: calloc of n + 1 pointers; checked below.
         let list = unsafe { libc::calloc(contexts.len() + 1, size_of::<*mut ibv_context>()) }
             .cast::<*mut ibv_context>();
@@ -747,17 +750,19 @@ pub(crate) unsafe extern "C" fn rdma_create_qp(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: the program's id and attributes, or NULL.
-        let (Some(w), Some(attr)) = (unsafe { id_ref(id) }, unsafe { qp_init_attr.as_mut() }) else {
+        let (Some(w), Some(attr)) = (unsafe { id_ref(id) }, unsafe { qp_init_attr.as_mut() })
+        else {
             return neg(libc::EINVAL);
         };
-        if w.c.verbs.is_null() {
+        if w.c.verbs.is_null() || !w.c.qp.is_null() {
             return neg(libc::EINVAL);
         }
         let pd = if pd.is_null() { w.c.pd } else { pd };
-        if attr.send_cq.is_null() || attr.recv_cq.is_null() {
-            if create_cqs(w, attr).is_err() {
-                return -1;
-            }
+        if create_cqs(w, attr).is_err() {
+            return -1;
+        }
+        if attr.srq.is_null() {
+            attr.srq = w.c.srq;
         }
         // SAFETY: a PD of this library and the program's attributes.
         let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
@@ -778,42 +783,44 @@ pub(crate) unsafe extern "C" fn rdma_create_qp(
     })
 }
 
-/// CQs (and completion channels) for a QP whose attributes name none, as
-/// librdmacm makes them: on the id, sized for the queues.
+/// A CQ (and its completion channel) on the id for each queue whose
+/// attributes name none, as librdmacm makes them, sized for the queue.
 fn create_cqs(w: &mut Id, attr: &mut ibv_qp_init_attr) -> Result<(), ()> {
-    let make = |size: u32, ch: &mut *mut ibv_comp_channel, cq: &mut *mut ibv_cq, ctx: *mut c_void| {
+    let verbs = w.c.verbs;
+    let me = ptr::from_mut(w).cast::<c_void>();
+    let make = |size: u32| -> Result<(*mut ibv_comp_channel, *mut ibv_cq), ()> {
         // SAFETY: the id's context.
-        *ch = unsafe { crate::channel::ibv_create_comp_channel(w.c.verbs) };
+        let ch = unsafe { crate::channel::ibv_create_comp_channel(verbs) };
         if ch.is_null() {
             return Err(());
         }
         let size = c_int::try_from(size.max(1)).unwrap_or(c_int::MAX);
         // SAFETY: the id's context and a channel just made.
-        *cq = unsafe { crate::cq::ibv_create_cq(w.c.verbs, size, ctx, *ch, 0) };
+        let cq = unsafe { crate::cq::ibv_create_cq(verbs, size, me, ch, 0) };
         if cq.is_null() {
+            // SAFETY: the channel just made.
+            unsafe { crate::channel::ibv_destroy_comp_channel(ch) };
             return Err(());
         }
-        Ok(())
+        Ok((ch, cq))
     };
-    let me = ptr::from_mut(w).cast::<c_void>();
-    let (mut rch, mut rcq, mut sch, mut scq) = (
-        ptr::null_mut(),
-        ptr::null_mut(),
-        ptr::null_mut(),
-        ptr::null_mut(),
-    );
-    make(attr.cap.max_recv_wr, &mut rch, &mut rcq, me)?;
-    make(attr.cap.max_send_wr, &mut sch, &mut scq, me)?;
-    w.c.recv_cq_channel = rch;
-    w.c.recv_cq = rcq;
-    w.c.send_cq_channel = sch;
-    w.c.send_cq = scq;
-    w.own_cqs = true;
     if attr.recv_cq.is_null() {
-        attr.recv_cq = rcq;
+        if w.c.recv_cq.is_null() {
+            let (ch, cq) = make(attr.cap.max_recv_wr)?;
+            w.c.recv_cq_channel = ch;
+            w.c.recv_cq = cq;
+            w.own_cqs = true;
+        }
+        attr.recv_cq = w.c.recv_cq;
     }
     if attr.send_cq.is_null() {
-        attr.send_cq = scq;
+        if w.c.send_cq.is_null() {
+            let (ch, cq) = make(attr.cap.max_send_wr)?;
+            w.c.send_cq_channel = ch;
+            w.c.send_cq = cq;
+            w.own_cqs = true;
+        }
+        attr.send_cq = w.c.send_cq;
     }
     Ok(())
 }
@@ -854,7 +861,9 @@ pub(crate) unsafe extern "C" fn rdma_create_qp_ex(
 pub(crate) unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     guard((), || {
         // SAFETY: the program's id, or NULL.
-        let Some(w) = (unsafe { id_ref(id) }) else { return };
+        let Some(w) = (unsafe { id_ref(id) }) else {
+            return;
+        };
         let qp = std::mem::replace(&mut w.c.qp, ptr::null_mut());
         if !qp.is_null() {
             // SAFETY: the id's QP, destroyed once.
@@ -890,14 +899,24 @@ pub(crate) unsafe extern "C" fn rdma_init_qp_attr(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: the program's id, attributes and mask, or NULL.
-        let (Some(w), Some(attr), Some(mask)) = (unsafe { id_ref(id) }, unsafe { qp_attr.as_mut() }, unsafe {
-            qp_attr_mask.as_mut()
-        }) else {
+        let (Some(w), Some(attr), Some(mask)) =
+            (unsafe { id_ref(id) }, unsafe { qp_attr.as_mut() }, unsafe {
+                qp_attr_mask.as_mut()
+            })
+        else {
             return neg(libc::EINVAL);
         };
-        match w.rust.init_qp_attr(attr.qp_state_from_c()) {
+        let Some(state) = crate::qp::qp_state(attr.qp_state) else {
+            return neg(libc::EINVAL);
+        };
+        let qp_type = match w.c.qp_type {
+            IBV_QPT_UD => rverbs::QpType::Ud,
+            IBV_QPT_UC => rverbs::QpType::Uc,
+            _ => rverbs::QpType::Rc,
+        };
+        match w.rust.init_qp_attr(qp_type, state) {
             Ok((a, m)) => {
-                crate::qp::fill_c_qp_attr(&a, attr);
+                *attr = crate::qp::c_qp_attr(&a);
                 *mask = m.bits() as c_int;
                 0
             }
@@ -909,13 +928,16 @@ pub(crate) unsafe extern "C" fn rdma_init_qp_attr(
 // ---- connections -------------------------------------------------------------
 
 /// `rdma_connect`.
-pub(crate) unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+pub(crate) unsafe extern "C" fn rdma_connect(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
     guard(-1, || {
         // SAFETY: the program's id, or NULL.
         let Some(w) = (unsafe { id_ref(id) }) else {
             return neg(libc::EINVAL);
         };
-        let param = conn_param(conn_param);
+        let param = rust_conn_param(conn_param);
         if let Err(e) = w.rust.connect(id_qp(w), &param) {
             return neg(errno_of(&e));
         }
@@ -939,7 +961,10 @@ pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int)
 /// `rdma_get_request`: a synchronous listener's next connection request,
 /// as a new synchronous id (with a QP like the listener's endpoint's, if
 /// `rdma_create_ep` gave it QP attributes).
-pub(crate) unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+pub(crate) unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
     guard(-1, || {
         // SAFETY: the program's id, or NULL.
         let Some(l) = (unsafe { id_ref(listen) }) else {
@@ -992,13 +1017,16 @@ pub(crate) unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *m
 }
 
 /// `rdma_accept`.
-pub(crate) unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+pub(crate) unsafe extern "C" fn rdma_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
     guard(-1, || {
         // SAFETY: the program's id, or NULL.
         let Some(w) = (unsafe { id_ref(id) }) else {
             return neg(libc::EINVAL);
         };
-        let param = conn_param(conn_param);
+        let param = rust_conn_param(conn_param);
         if let Err(e) = w.rust.accept(id_qp(w), &param) {
             return neg(errno_of(&e));
         }
@@ -1024,7 +1052,9 @@ pub(crate) unsafe extern "C" fn rdma_reject(
             &[][..]
         } else {
             // SAFETY: the program says `private_data_len` bytes are there.
-            unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), usize::from(private_data_len)) }
+            unsafe {
+                std::slice::from_raw_parts(private_data.cast::<u8>(), usize::from(private_data_len))
+            }
         };
         status(w.rust.reject(data))
     })
@@ -1094,7 +1124,11 @@ pub(crate) unsafe extern "C" fn rdma_getaddrinfo(
             0
         } else {
             // SAFETY: a NUL-terminated string.
-            match unsafe { CStr::from_ptr(service) }.to_str().ok().and_then(|s| s.parse::<u16>().ok()) {
+            match unsafe { CStr::from_ptr(service) }
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<u16>().ok())
+            {
                 Some(p) => p,
                 None => return neg(libc::EINVAL),
             }
@@ -1192,7 +1226,9 @@ pub(crate) unsafe extern "C" fn rdma_create_ep(
             return -1;
         }
         let fail = |new| {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
             // SAFETY: the id just made.
             unsafe { rdma_destroy_id(new) };
             neg(e)
@@ -1204,9 +1240,12 @@ pub(crate) unsafe extern "C" fn rdma_create_ep(
             if unsafe { rdma_bind_addr(new, info.ai_src_addr) } != 0 {
                 return fail(new);
             }
-            w.ep_pd = pd;
+            w.ep_pd = if pd.is_null() { w.c.pd } else { pd };
             // SAFETY: the program's attributes, or NULL.
-            w.ep_attr = unsafe { qp_init_attr.as_ref() }.copied();
+            w.ep_attr = unsafe { qp_init_attr.as_ref() }.map(|a| ibv_qp_init_attr {
+                qp_type: qp_type_of(info),
+                ..*a
+            });
         } else {
             // SAFETY: forwarded.
             if unsafe { rdma_resolve_addr(new, info.ai_src_addr, info.ai_dst_addr, 2000) } != 0
@@ -1215,15 +1254,27 @@ pub(crate) unsafe extern "C" fn rdma_create_ep(
             {
                 return fail(new);
             }
-            // SAFETY: forwarded.
-            if !qp_init_attr.is_null() && unsafe { rdma_create_qp(new, pd, qp_init_attr) } != 0 {
-                return fail(new);
+            // SAFETY: the program's attributes, or NULL.
+            if let Some(attr) = unsafe { qp_init_attr.as_mut() } {
+                attr.qp_type = qp_type_of(info);
+                // SAFETY: forwarded.
+                if unsafe { rdma_create_qp(new, pd, attr) } != 0 {
+                    return fail(new);
+                }
             }
         }
         // SAFETY: the program's pointer.
         unsafe { *id = new };
         0
     })
+}
+
+/// The QP type an address info asks for (RC if it names none).
+fn qp_type_of(info: &rdma_addrinfo) -> ibv_qp_type {
+    match ibv_qp_type::try_from(info.ai_qp_type) {
+        Ok(t) if t != 0 => t,
+        _ => IBV_QPT_RC,
+    }
 }
 
 /// `rdma_destroy_ep`: its QP (and CQs it made), then the id.
@@ -1236,6 +1287,3 @@ pub(crate) unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         }
     });
 }
-
-#[allow(dead_code)]
-fn _unused(_: Gid, _: Duration) {}

@@ -12,12 +12,13 @@
 //! (`rverbs_ibverbs_abi::abi::rdmacm_ops` defines the table, its prototypes
 //! and its compatibility rules), and librdmacm calls through it.
 //!
-//! For now only `rdma_event_str` works (`strings`); every other function
-//! fails the way its prototype reports errors — -1, or NULL, with errno
-//! ENOSYS (0 for the `__be16` ports, `(size_t)-1` for `riowrite`); the
-//! `void` ones do nothing (`cm`, `rsocket`). The connection manager will
-//! replace them here, on the rverbs crate's CM. Every function runs inside
-//! the panic guard of `crate::ffi`.
+//! `id` does the rdma_cm on the rverbs crate's connection manager
+//! (`rverbs::cm`): event channels, ids, events, QPs through ids, address
+//! info, endpoints; `strings` is `rdma_event_str`. What rverbs does not do
+//! yet — SRQs through ids, ECE, multicast (`cm`) and rsockets (`rsocket`) —
+//! fails the way its prototype reports errors: -1, or NULL, with errno
+//! ENOSYS (`(size_t)-1` for `riowrite`); the `void` ones do nothing. Every
+//! function runs inside the panic guard of `crate::ffi`.
 
 use std::ffi::c_int;
 
@@ -53,10 +54,12 @@ macro_rules! not_yet {
 }
 
 mod cm;
+mod id;
 mod rsocket;
 mod strings;
 
 use cm::*;
+use id::*;
 use rsocket::*;
 use strings::*;
 

@@ -333,7 +333,9 @@ impl CmId {
     /// The program's word for the id (0 until set; a new id a connection
     /// request brings starts at 0).
     pub fn user_data(&self) -> u64 {
-        self.core.user_data.load(std::sync::atomic::Ordering::Acquire)
+        self.core
+            .user_data
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Sets [`user_data`](Self::user_data).
@@ -403,15 +405,23 @@ impl CmId {
                 },
             )),
             QpState::Rtr | QpState::Rts => {
-                let rtr = self
-                    .core
-                    .lock()
-                    .rtr
-                    .ok_or_else(|| einval(verb, "the peer's request or response is not known yet"))?;
+                let rtr = self.core.lock().rtr.ok_or_else(|| {
+                    einval(verb, "the peer's request or response is not known yet")
+                })?;
                 let [rtr_pair, rts_pair] = rtr_attrs(qp_type, &rtr);
-                Ok(if state == QpState::Rtr { rtr_pair } else { rts_pair })
+                Ok(if state == QpState::Rtr {
+                    rtr_pair
+                } else {
+                    rts_pair
+                })
             }
-            other => Err(einval(verb, format!("rdma_init_qp_attr takes INIT, RTR or RTS, not {}", other.name()))),
+            other => Err(einval(
+                verb,
+                format!(
+                    "rdma_init_qp_attr takes INIT, RTR or RTS, not {}",
+                    other.name()
+                ),
+            )),
         }
     }
 
