@@ -989,10 +989,11 @@ mod tests {
                 r.pkey,
                 r.srq,
                 r.local_qkey,
+                r.flow_control,
             )
         };
         assert_eq!(rdma_cm(&req), rdma_cm(&kernel));
-        let path = |p: &PathInfo| (p.traffic_class, p.hop_limit, p.sl);
+        let path = |p: &PathInfo| (p.traffic_class, p.hop_limit, p.sl, p.local_ack_timeout);
         assert_eq!(path(&req.primary), path(&kernel.primary));
         // And the LIDs, which the agent leaves to the codec.
         let (a, b) = (

@@ -15,6 +15,9 @@ const SERVICE: u64 = 0x0106_0000_0000_4a69;
 const GUID_A: u64 = 0xa0a0_0000_0000_0001;
 const GUID_B: u64 = 0xb0b0_0000_0000_0002;
 
+/// The packet life time of `ConnectParams::rdma_cm_defaults`: its local
+/// ACK timeout, less one.
+const PACKET_LIFE: u8 = 18;
 fn gid(side: Side) -> Gid {
     Gid::from_ip(match side {
         Side::A => "10.0.0.1".parse().unwrap(),
@@ -257,9 +260,9 @@ fn accept_params(private_data: &[u8]) -> AcceptParams {
 }
 
 /// The REQ's resend interval with rdma_cm's defaults: CM response
-/// timeout 20 plus twice the packet life 16.
+/// timeout 20 plus twice the packet life.
 fn default_wait() -> Duration {
-    iba_time(20) + 2 * iba_time(16)
+    iba_time(20) + 2 * iba_time(PACKET_LIFE)
 }
 
 fn pd<const N: usize>(bytes: &[u8]) -> CmBytes<N> {
@@ -331,10 +334,13 @@ fn connect_accept_rtu_disconnect_timewait_with_private_data_both_ways() {
     assert_eq!(net.a.state(a), Some(ConnState::TimeWait));
     assert_eq!(net.b.state(b), Some(ConnState::TimeWait));
 
-    // Time-wait: the ACK delay (15) plus twice the packet life (16).
+    // Time-wait: the ACK delay (15) plus twice the packet life.
     let disconnected_at = net.now;
     net.run_until(|n| n.has(Side::A, |e| matches!(e, CmEvent::TimewaitExit { .. })));
-    assert_eq!(net.now - disconnected_at, iba_time(15) + 2 * iba_time(16));
+    assert_eq!(
+        net.now - disconnected_at,
+        iba_time(15) + 2 * iba_time(PACKET_LIFE)
+    );
     net.run_until(|n| n.has(Side::B, |e| matches!(e, CmEvent::TimewaitExit { .. })));
     assert_eq!(net.a.state(a), Some(ConnState::Idle));
     assert_eq!(net.b.state(b), Some(ConnState::Idle));
@@ -697,7 +703,7 @@ fn mra_extends_the_active_sides_wait() {
         CmMessage::Mra(m) => assert_eq!(m.service_timeout, 24),
         other => panic!("{other:?}"),
     }
-    let wait = iba_time(24) + 2 * iba_time(16);
+    let wait = iba_time(24) + 2 * iba_time(PACKET_LIFE);
     assert_eq!(net.a.poll_timeout(), Some(net.now + wait));
     assert!(wait > default_wait());
     // Accept long after A's first wait would have run out.
@@ -974,7 +980,7 @@ fn hostile_messages_are_dropped_and_counted() {
     assert_eq!(iba_time(31), iba_time(24));
     assert_eq!(
         net.a.poll_timeout(),
-        Some(now + iba_time(24) + 2 * iba_time(16))
+        Some(now + iba_time(24) + 2 * iba_time(PACKET_LIFE))
     );
 }
 

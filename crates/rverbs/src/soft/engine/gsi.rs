@@ -228,6 +228,8 @@ impl GsiPort {
         let psn = self.psn.fetch_add(1, Ordering::Relaxed);
         let mut bth = BthRepr::new(Opcode::UD_SEND_ONLY, dest_qp, Psn::new(psn));
         bth.pkey = pkey;
+        // As the Linux CM sends its MADs (AckReq means nothing on UD).
+        bth.ack_req = true;
         let repr = PacketRepr {
             deth: Some(DethRepr {
                 qkey: GSI_QKEY,
