@@ -121,6 +121,10 @@ pub enum Verb {
     Disconnect,
     /// `rdma_establish`.
     Establish,
+    /// `rdma_join_multicast`.
+    JoinMulticast,
+    /// `rdma_leave_multicast`.
+    LeaveMulticast,
 }
 
 impl Verb {
@@ -179,6 +183,8 @@ impl Verb {
             Verb::Reject => "rdma_reject",
             Verb::Disconnect => "rdma_disconnect",
             Verb::Establish => "rdma_establish",
+            Verb::JoinMulticast => "rdma_join_multicast",
+            Verb::LeaveMulticast => "rdma_leave_multicast",
         }
     }
 }

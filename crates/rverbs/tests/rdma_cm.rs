@@ -358,3 +358,65 @@ fn ud_ids_resolve_the_peers_qp_and_datagrams_flow() {
         (WcStatus::Success, 40 + 8)
     );
 }
+
+#[test]
+fn multicast_join_attaches_the_qp_and_says_how_to_send() {
+    let group: std::net::IpAddr = format!("239.77.{}.{}", port() % 250, port() % 250)
+        .parse()
+        .unwrap();
+    let ch = EventChannel::new().unwrap();
+    let join = |ch: &EventChannel| {
+        let id = CmId::new(ch, PortSpace::Udp).unwrap();
+        id.bind_addr(addr("0.0.0.0:0")).unwrap();
+        let s = side(&id, QpType::Ud);
+        (id, s)
+    };
+    let (rx_id, rx) = join(&ch);
+    rx.qp
+        .post_recv(&RecvWr::new(5, &[sge(&rx.mr, 0, 40 + 64)]))
+        .unwrap();
+    rx_id.join_multicast(group, Some(&rx.qp), false).unwrap();
+    let ev = expect(&ch, CmEventKind::MulticastJoin);
+    let EventParam::Ud(ud) = &ev.param else {
+        panic!("no UD parameters: {ev:?}");
+    };
+    assert_eq!(ud.remote_gid, rverbs::Gid::from_ip(group));
+    assert_eq!((ud.qp_num, ud.qkey), (0xff_ffff, rverbs::cm::RDMA_UDP_QKEY));
+    // A send-only member sends to the group; the attached QP receives.
+    let (tx_id, tx) = join(&ch);
+    tx_id.join_multicast(group, Some(&tx.qp), true).unwrap();
+    let ev = expect(&ch, CmEventKind::MulticastJoin);
+    let EventParam::Ud(ud) = &ev.param else {
+        panic!("no UD parameters: {ev:?}");
+    };
+    let ah = tx
+        ._pd
+        .create_ah(&AhAttr {
+            dgid: ud.remote_gid,
+            port_num: 1,
+            ..AhAttr::default()
+        })
+        .unwrap();
+    tx.mr.write_at(0, b"to the group").unwrap();
+    let sges = [sge(&tx.mr, 0, 12)];
+    let mut wr = SendWr::new(6, WrOpcode::Send, &sges).signaled();
+    wr.ud = Some(UdAddress {
+        ah: &ah,
+        remote_qpn: ud.qp_num,
+        remote_qkey: ud.qkey,
+    });
+    tx.qp.post_send(&wr).unwrap();
+    let got = wait(&rx.cq, 1, "multicast receive");
+    assert_eq!(
+        (got[0].status, got[0].byte_len),
+        (WcStatus::Success, 40 + 12)
+    );
+    rx_id.leave_multicast(group, Some(&rx.qp)).unwrap();
+    assert_eq!(
+        rx_id
+            .join_multicast(addr("10.0.0.1:0").ip(), None, false)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+}

@@ -1,12 +1,10 @@
 //! The `rdma_*` calls of `<rdma/rdma_cma.h>` rverbs does not do yet: SRQs
-//! made through an id, ECE (enhanced connection establishment) and
-//! multicast. Each has its exact C prototype and fails with errno ENOSYS;
+//! made through an id and ECE (enhanced connection establishment). Each has its exact C prototype and fails with errno ENOSYS;
 //! `rdma_destroy_srq` does nothing (no SRQ can have been made through an
 //! id). The rest are in `id` (and `rdma_event_str` in `strings`).
 
 use std::ffi::{c_int, c_void};
 
-use libc::sockaddr;
 use rverbs_ibverbs_abi::abi::rdmacm::*;
 use rverbs_ibverbs_abi::abi::{ibv_ece, ibv_pd, ibv_srq_init_attr, ibv_srq_init_attr_ex};
 
@@ -32,16 +30,4 @@ not_yet! {
     fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int;
     fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int;
 
-    // Multicast.
-    fn rdma_join_multicast(
-        id: *mut rdma_cm_id,
-        addr: *mut sockaddr,
-        context: *mut c_void,
-    ) -> c_int;
-    fn rdma_join_multicast_ex(
-        id: *mut rdma_cm_id,
-        mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
-        context: *mut c_void,
-    ) -> c_int;
-    fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int;
 }

@@ -73,8 +73,8 @@ pub(crate) struct Channel {
 /// An id as C sees it.
 #[repr(C)]
 pub(crate) struct Id {
-    c: rdma_cm_id,
-    rust: CmId,
+    pub(crate) c: rdma_cm_id,
+    pub(crate) rust: CmId,
     /// A synchronous id's own channel (it was created without one).
     own_channel: Option<Box<Channel>>,
     /// The path record `route.path_rec` points at once resolved.
@@ -85,6 +85,9 @@ pub(crate) struct Id {
     ep_attr: Option<ibv_qp_init_attr>,
     /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
     own_cqs: bool,
+    /// The groups joined, with the context each join gave (MULTICAST_JOIN
+    /// hands it back in `param.ud.private_data`, as librdmacm does).
+    pub(crate) joins: Vec<(std::net::IpAddr, usize)>,
 }
 
 /// An event as C sees it, with what its pointers point at.
@@ -106,7 +109,7 @@ struct AddrInfo {
 
 /// # Safety
 /// `id` must be null or an id this library made and not destroyed.
-unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
+pub(crate) unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
     // SAFETY: the caller's promise; the rdma_cm_id is the wrapper's first
     // field.
     unsafe { id.cast::<Id>().as_mut() }
@@ -128,7 +131,7 @@ fn port_space(ps: rdma_port_space) -> Option<PortSpace> {
 /// # Safety
 /// `addr` must be null or point at a `sockaddr_in` or `sockaddr_in6` as its
 /// family says.
-unsafe fn socket_addr(addr: *const sockaddr) -> Option<SocketAddr> {
+pub(crate) unsafe fn socket_addr(addr: *const sockaddr) -> Option<SocketAddr> {
     // SAFETY: the caller's promise: the family field is readable.
     let family = c_int::from(unsafe { addr.as_ref()?.sa_family });
     match family {
@@ -209,6 +212,7 @@ impl Id {
             ep_pd: ptr::null_mut(),
             ep_attr: None,
             own_cqs: false,
+            joins: Vec::new(),
         }));
         // SAFETY: just allocated.
         let w = unsafe { &mut *id };
@@ -392,6 +396,18 @@ fn to_c_event(ev: CmEvent) -> *mut rdma_cm_event {
                 ..rverbs::AhAttr::default()
             });
             ah.port_num = 1;
+            // A join's event carries the join's context instead.
+            let joined = (ev.kind == CmEventKind::MulticastJoin)
+                .then(|| {
+                    w.joins
+                        .iter()
+                        .find(|(g, _)| rverbs::Gid::from_ip(*g) == p.remote_gid)
+                })
+                .flatten();
+            let (data, len) = match joined {
+                Some(&(_, context)) => (context as *const c_void, 0),
+                None => (data, len),
+            };
             boxed.c.param.ud = rdma_ud_param {
                 private_data: data,
                 private_data_len: len,
@@ -432,13 +448,13 @@ fn rust_conn_param(p: *const rdma_conn_param) -> ConnParam {
 }
 
 /// The QP behind `id->qp` (NULL: none).
-fn id_qp<'a>(w: &Id) -> Option<&'a rverbs::QueuePair> {
+pub(crate) fn id_qp<'a>(w: &Id) -> Option<&'a rverbs::QueuePair> {
     // SAFETY: `id->qp` is a QP rdma_create_qp (or the program) made.
     unsafe { qp_ref(w.c.qp) }
 }
 
 /// The result of a Rust call as C's: 0, or -1 with errno.
-fn status(r: rverbs::Result<()>) -> c_int {
+pub(crate) fn status(r: rverbs::Result<()>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => neg(errno_of(&e)),

@@ -55,11 +55,13 @@ macro_rules! not_yet {
 
 mod cm;
 mod id;
+mod multicast;
 mod rsocket;
 mod strings;
 
 use cm::*;
 use id::*;
+use multicast::*;
 use rsocket::*;
 use strings::*;
 

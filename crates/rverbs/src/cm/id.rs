@@ -41,6 +41,8 @@ use crate::verbs::device::Device;
 use crate::verbs::qp::QueuePair;
 use crate::wr::QpState;
 
+/// The QP number that sends to every QP attached to a multicast group.
+const MULTICAST_QPN: u32 = 0x00ff_ffff;
 /// The Q_Key rdma_cm gives UD ids' QPs (`RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// Bytes of rdma_cm's IP CM header at the start of a REQ's and a
@@ -783,6 +785,59 @@ impl CmId {
         service
             .with_agent(|a, now| a.disconnect(now, conn, &[]))
             .map_err(|e| cm_error(verb, e))
+    }
+
+    /// Joins the IP multicast group `group` (`rdma_join_multicast`): on
+    /// RoCE the group's GID is its IP address (IPv4-mapped), and joining
+    /// needs no exchange — `qp` (a UD QP, if given) is attached to it now,
+    /// and MULTICAST_JOIN reports what sending to the group takes: the
+    /// group's GID, QP number 0xFFFFFF and rdma_cm's Q_Key. A send-only
+    /// member (`send_only`) is not attached. The id must have its device
+    /// (bind or resolve first): EINVAL otherwise, and for an address that
+    /// is not multicast.
+    pub fn join_multicast(
+        &self,
+        group: IpAddr,
+        qp: Option<&QueuePair>,
+        send_only: bool,
+    ) -> Result<()> {
+        let verb = Verb::JoinMulticast;
+        if !group.is_multicast() {
+            return Err(einval(verb, format!("{group} is not a multicast address")));
+        }
+        if self.core.lock().device.is_none() {
+            return Err(einval(verb, "bind or resolve the id first"));
+        }
+        let mgid = Gid::from_ip(group);
+        if let (Some(qp), false) = (qp, send_only) {
+            qp.attach_mcast(mgid, 0)?;
+        }
+        self.core.report(
+            self.clone(),
+            CmEventKind::MulticastJoin,
+            0,
+            EventParam::Ud(UdParam {
+                private_data: Vec::new(),
+                remote_gid: mgid,
+                qp_num: MULTICAST_QPN,
+                qkey: RDMA_UDP_QKEY,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Leaves `group` (`rdma_leave_multicast`): `qp` is detached from it.
+    pub fn leave_multicast(&self, group: IpAddr, qp: Option<&QueuePair>) -> Result<()> {
+        if !group.is_multicast() {
+            return Err(einval(
+                Verb::LeaveMulticast,
+                format!("{group} is not a multicast address"),
+            ));
+        }
+        match qp {
+            Some(qp) => qp.detach_mcast(Gid::from_ip(group), 0),
+            None => Ok(()),
+        }
     }
 
     /// Says the connection is up (`rdma_establish`): on the active side
