@@ -460,9 +460,12 @@ impl SoftDevice {
     }
 
     /// The device's connection manager service, started on first use
-    /// (ENODEV once the device is gone).
-    pub(crate) fn cm_service(&self, verb: Verb) -> Result<CmService, Error> {
+    /// (ENODEV once the device is gone). The engine thread starts too (as
+    /// for a first context): it is what reads MADs from the socket while
+    /// nobody polls a CQ.
+    pub(crate) fn cm_service(self: &Arc<Self>, verb: Verb) -> Result<CmService, Error> {
         self.check_alive(verb)?;
+        self.start_engine();
         let mut cm = self.cm.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(service) = cm.as_ref() {
             return Ok(service.clone());

@@ -156,6 +156,26 @@ impl CmService {
         r
     }
 
+    /// Runs `f` on the agent, which makes a connection or listener, and
+    /// sends that one's events to `sink` — registered before anything `f`
+    /// queued goes out, so no answer can come back to nobody.
+    pub(crate) fn with_agent_for<T, E>(
+        &self,
+        sink: Weak<dyn CmSink>,
+        owner: impl FnOnce(&T) -> Owner,
+        f: impl FnOnce(&mut CmAgent, Instant) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut st = self.lock();
+        let made = f(&mut st.agent, Instant::now());
+        if let Ok(t) = &made {
+            st.sinks.insert(owner(t), sink);
+        }
+        self.transmit(&mut st);
+        drop(st);
+        self.wake();
+        made
+    }
+
     /// Sends `owner`'s events to `sink` from now on.
     pub(crate) fn set_sink(&self, owner: Owner, sink: Weak<dyn CmSink>) {
         self.lock().sinks.insert(owner, sink);
