@@ -1664,3 +1664,161 @@ fn bad_pkeys_and_wrong_peers_are_counted_and_dropped() {
     v.assert_completions(&[(100, WcStatus::Success, WcOpcode::Recv, 16)], what);
     assert_device_serves(what);
 }
+
+/// MADs to QP 1 while the device's connection manager runs — random
+/// bytes, random CM-class MADs, CM messages for connections that do not
+/// exist — are each taken and counted; no panic; what the CM answers is a
+/// valid CM MAD (a DREP to a stray DREQ, as the kernel's CM answers; a
+/// REJ to a REQ for a service nobody listens on); and afterwards the CM
+/// still connects, and the device still serves.
+#[test]
+fn garbage_and_stray_cm_mads_are_counted_and_the_cm_still_connects() {
+    use rverbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+    use rverbs_wire::cm::{CmDreqRepr, CmMadRepr, CmMessageRepr, CmRepRepr, CmRtuRepr};
+
+    let _serial = serial();
+    let hostile = Hostile::bind();
+    let ch = EventChannel::new().unwrap();
+    let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    listener
+        .bind_addr(SocketAddr::new(device().addr(), 0))
+        .unwrap();
+    listener.listen(4).unwrap();
+    let before = stats();
+
+    let to_qp1 = |mad: &[u8]| {
+        hostile.forge(&PacketRepr {
+            deth: Some(DethRepr {
+                qkey: 0x8001_0000,
+                src_qp: 1,
+            }),
+            payload: mad,
+            ..PacketRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, 1, Psn::new(0)))
+        })
+    };
+    let mut rng = Rng(0x00c0_ffee_1234_5678);
+    let mut datagrams = Vec::new();
+    for i in 0..400 {
+        let mut mad = [0u8; 256];
+        rng.fill(&mut mad);
+        if i % 2 == 0 {
+            // A CM MAD header (class 7, version 2, Send) with any attribute.
+            mad[..4].copy_from_slice(&[1, 7, 2, 3]);
+            mad[16..18].copy_from_slice(&(0x10 + rng.below(12) as u16).to_be_bytes());
+        }
+        datagrams.push(to_qp1(&mad));
+    }
+    // Messages for no connection: a REP, an RTU, a DREQ.
+    let stray = |message| {
+        let mut mad = [0u8; 256];
+        CmMadRepr::send(0x77, message).emit(&mut mad);
+        to_qp1(&mad)
+    };
+    datagrams.push(stray(CmMessageRepr::Rep(CmRepRepr {
+        local_comm_id: 0x1111,
+        remote_comm_id: 0x2222,
+        local_qkey: 0,
+        local_qpn: 0x42,
+        local_eecn: 0,
+        vendor_id: 0,
+        starting_psn: Psn::new(7),
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 15,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 0x99,
+        private_data: [0; 196],
+    })));
+    datagrams.push(stray(CmMessageRepr::Rtu(CmRtuRepr {
+        local_comm_id: 0x1111,
+        remote_comm_id: 0x2222,
+        private_data: [0; 224],
+    })));
+    datagrams.push(stray(CmMessageRepr::Dreq(CmDreqRepr {
+        local_comm_id: 0x3333,
+        remote_comm_id: 0x4444,
+        remote_qpn: 0x42,
+        private_data: [0; 220],
+    })));
+    let sent = hostile.send_all(datagrams);
+
+    // The engine took every one for the CM; the CM decoded or dropped each.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let s = stats();
+        let seen = (s.cm_received - before.cm_received) + (s.cm_dropped - before.cm_dropped);
+        if seen >= sent || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(
+        after.mads_received - before.mads_received,
+        sent,
+        "{after:?}"
+    );
+    assert_eq!(after.mads_dropped, before.mads_dropped);
+    assert!(
+        (after.cm_received - before.cm_received) + (after.cm_dropped - before.cm_dropped) >= sent,
+        "every MAD decoded or dropped: {after:?}"
+    );
+    // What came back is valid CM MADs, among them the stray DREQ's DREP.
+    let answers = hostile.drain(Duration::from_millis(200));
+    let mut drep = false;
+    for a in &answers {
+        let p = a.repr();
+        assert_eq!(
+            (p.bth.opcode, p.bth.dest_qp),
+            (Opcode::UD_SEND_ONLY, 1),
+            "{a:?}"
+        );
+        let mad = CmMadRepr::parse(p.payload).expect("the CM sends valid CM MADs");
+        drep |= matches!(mad.message, CmMessageRepr::Drep(d) if d.remote_comm_id == 0x3333);
+    }
+    assert!(drep, "the stray DREQ is answered: {answers:?}");
+
+    // The CM still connects, on this device.
+    let port = listener.local_addr().unwrap().port();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp).unwrap();
+    client
+        .resolve_addr(None, SocketAddr::new(device().addr(), port))
+        .unwrap();
+    let next = |ch: &EventChannel| {
+        ch.get_event_timeout(Duration::from_secs(20))
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(next(&cch).kind, CmEventKind::AddrResolved);
+    client.resolve_route().unwrap();
+    assert_eq!(next(&cch).kind, CmEventKind::RouteResolved);
+    client
+        .connect(
+            None,
+            &ConnParam {
+                qp_num: 0x77,
+                ..ConnParam::default()
+            },
+        )
+        .unwrap();
+    let req = next(&ch);
+    assert_eq!(req.kind, CmEventKind::ConnectRequest);
+    req.id
+        .accept(
+            None,
+            &ConnParam {
+                qp_num: 0x78,
+                ..ConnParam::default()
+            },
+        )
+        .unwrap();
+    let resp = next(&cch);
+    assert_eq!(resp.kind, CmEventKind::ConnectResponse);
+    client.establish().unwrap();
+    assert_eq!(next(&cch).kind, CmEventKind::Established);
+    assert_eq!(next(&ch).kind, CmEventKind::Established);
+    assert_device_serves("garbage MADs");
+}
