@@ -420,3 +420,45 @@ fn multicast_join_attaches_the_qp_and_says_how_to_send() {
         ErrorKind::InvalidArgument
     );
 }
+
+#[test]
+fn ids_hear_of_their_device_going_away() {
+    let dev = rverbs::add_device(DeviceConfig::loopback().named("cm-removal")).unwrap();
+    let p = port();
+    let ch = EventChannel::new().unwrap();
+    let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    listener.bind_addr(SocketAddr::new(dev.addr(), p)).unwrap();
+    listener.listen(4).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp).unwrap();
+    client
+        .resolve_addr(
+            Some(SocketAddr::new(dev.addr(), 0)),
+            SocketAddr::new(dev.addr(), p),
+        )
+        .unwrap();
+    expect(&cch, CmEventKind::AddrResolved);
+    client.resolve_route().unwrap();
+    expect(&cch, CmEventKind::RouteResolved);
+    let c = side(&client, QpType::Rc);
+    client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
+    let req = expect(&ch, CmEventKind::ConnectRequest);
+    let s = side(&req.id, QpType::Rc);
+    req.id.accept(Some(&s.qp), &ConnParam::default()).unwrap();
+    expect(&cch, CmEventKind::Established);
+    expect(&ch, CmEventKind::Established);
+
+    dev.disassociate();
+    let ev = expect(&cch, CmEventKind::DeviceRemoval);
+    assert_eq!(ev.id, client);
+    // The listener and the accepted id, in either order.
+    let mut removed = vec![
+        expect(&ch, CmEventKind::DeviceRemoval).id,
+        expect(&ch, CmEventKind::DeviceRemoval).id,
+    ];
+    removed.sort_by_key(|id| id == &listener);
+    assert_eq!(removed, [req.id.clone(), listener.clone()]);
+    // The QPs the ids brought up are in ERR.
+    assert_eq!(c.qp.state(), QpState::Err);
+    assert_eq!(s.qp.state(), QpState::Err);
+}

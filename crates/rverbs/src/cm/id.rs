@@ -1046,6 +1046,17 @@ impl IdCore {
 }
 
 impl CmSink for IdCore {
+    fn on_device_removal(&self) {
+        let Some(id) = self.handle() else { return };
+        let mut st = self.lock();
+        st.phase = Phase::Failed;
+        if let Some(qp) = &st.qp {
+            to_error(qp);
+        }
+        drop(st);
+        self.report(id, CmEventKind::DeviceRemoval, 0, EventParam::None);
+    }
+
     fn on_event(&self, service: &CmService, event: AgentEvent) {
         match event {
             AgentEvent::ConnectRequest {

@@ -506,7 +506,9 @@ impl SoftDevice {
             Ending::Disassociated => self.engine.shutdown(),
             Ending::Failed => self.engine.abandon(),
         }
-        if let Some(cm) = self.cm.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        // Out of the lock first: the ids told run with it free.
+        let cm = self.cm.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(cm) = cm {
             cm.shutdown();
         }
         forget(self);

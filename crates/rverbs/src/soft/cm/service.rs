@@ -69,6 +69,9 @@ pub(crate) trait CmSink: Send + Sync {
     /// An agent event for this owner. Runs on the service thread with no
     /// lock held: it may call back into `service`.
     fn on_event(&self, service: &CmService, event: CmEvent);
+
+    /// The device this owner's connection or listener was on went away.
+    fn on_device_removal(&self);
 }
 
 /// What the service counts besides the agent.
@@ -204,11 +207,27 @@ impl CmService {
             + st.stats.orphan_events;
     }
 
-    /// Stops the service thread (the port closes when the last handle
-    /// goes).
+    /// The device went away: stops the service thread (the port closes
+    /// when the last handle goes) and tells every id that had a connection
+    /// or listener on it (DEVICE_REMOVAL), once each, with no lock held.
     pub(crate) fn shutdown(&self) {
         self.inner.stop.store(true, Ordering::Release);
         self.wake();
+        let sinks: Vec<Arc<dyn CmSink>> = {
+            let mut st = self.lock();
+            let mut seen: Vec<Arc<dyn CmSink>> = Vec::new();
+            for sink in std::mem::take(&mut st.sinks).into_values() {
+                if let Some(sink) = sink.upgrade() {
+                    if !seen.iter().any(|s| Arc::ptr_eq(s, &sink)) {
+                        seen.push(sink);
+                    }
+                }
+            }
+            seen
+        };
+        for sink in sinks {
+            sink.on_device_removal();
+        }
     }
 
     fn wake(&self) {
