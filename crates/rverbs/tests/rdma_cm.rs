@@ -358,3 +358,73 @@ fn ud_ids_resolve_the_peers_qp_and_datagrams_flow() {
         (WcStatus::Success, 40 + 8)
     );
 }
+
+/// Many connects at once, each answered at once (the listener rejects
+/// every request as it comes): every id hears its answer. The answer may
+/// come back before `connect` returns to its caller — the id must already
+/// be the one the connection's events go to when its REQ leaves (cmtime
+/// -c 100 hung, waiting for an ESTABLISHED that had been dropped). No id
+/// here has a QP, nor has the process: the connection manager runs the
+/// device (it receives the MADs) without one.
+#[test]
+fn answers_that_come_before_connect_returns_are_not_lost() {
+    const THREADS: usize = 4;
+    const CONNECTS: usize = 100;
+    let p = port();
+    let sch = EventChannel::new().unwrap();
+    let server = CmId::new(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr(&format!("0.0.0.0:{p}"))).unwrap();
+    server.listen(0).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rejecter = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _server = server;
+            let mut rejected = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(ev) = sch.get_event_timeout(Duration::from_millis(50)).unwrap() {
+                    assert_eq!(ev.kind, CmEventKind::ConnectRequest, "{ev:?}");
+                    ev.id.reject(b"busy").unwrap();
+                    rejected += 1;
+                }
+            }
+            rejected
+        })
+    };
+    let clients: Vec<_> = (0..THREADS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let ch = EventChannel::new().unwrap();
+                for i in 0..CONNECTS {
+                    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+                    id.resolve_addr(None, addr(&format!("127.0.0.1:{p}")))
+                        .unwrap();
+                    expect(&ch, CmEventKind::AddrResolved);
+                    id.resolve_route().unwrap();
+                    expect(&ch, CmEventKind::RouteResolved);
+                    // No QP: a made-up QP number (the REQ needs one).
+                    let param = ConnParam {
+                        qp_num: 0x1000 + (t * CONNECTS + i) as u32,
+                        ..ConnParam::default()
+                    };
+                    id.connect(None, &param).unwrap();
+                    let ev = ch
+                        .get_event_timeout(EVENT_WAIT)
+                        .unwrap()
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "thread {t}, connect {i}: no answer within {EVENT_WAIT:?}; {:?}",
+                                id.device().unwrap().net_stats()
+                            )
+                        });
+                    assert_eq!(ev.kind, CmEventKind::Rejected, "{ev:?}");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(rejecter.join().unwrap(), THREADS * CONNECTS);
+}

@@ -529,9 +529,12 @@ impl CmId {
         let service_id = self.core.space.wire().service_id(local.port());
         let backlog = u32::try_from(backlog).unwrap_or(0);
         let id = service
-            .with_agent(|a, _| a.listen(service_id, backlog))
+            .with_agent_for(
+                self.core.sink(),
+                |&l| Owner::Listen(l),
+                |a, _| a.listen(service_id, backlog),
+            )
             .map_err(|e| cm_error(verb, e))?;
-        service.set_sink(Owner::Listen(id), self.core.sink());
         st.listen = Some(Listening {
             id,
             _registration: registration,
@@ -615,9 +618,13 @@ impl CmId {
             st.qp = Some(qp.view());
         }
         let qp_num = qp.map_or(param.qp_num, QueuePair::qp_num);
+        // The id takes the connection's events from before its REQ
+        // leaves: the answer may beat this thread back.
+        let sink = self.core.sink();
+        let owner = |&c: &ConnId| Owner::Conn(c);
         let conn = if space.is_ud() {
             service
-                .with_agent(|a, now| {
+                .with_agent_for(sink, owner, |a, now| {
                     a.sidr_request(
                         now,
                         Gid::from_ip(target),
@@ -653,10 +660,9 @@ impl CmId {
             p.flow_label = flow_label(local.port(), peer.port());
             p.private_data = private_data;
             service
-                .with_agent(|a, now| a.connect(now, p))
+                .with_agent_for(sink, owner, |a, now| a.connect(now, p))
                 .map_err(|e| cm_error(verb, e))?
         };
-        service.set_sink(Owner::Conn(conn), self.core.sink());
         st.conn = Some(conn);
         st.offer = Some(param.clone());
         st.service = Some(service);

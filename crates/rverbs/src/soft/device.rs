@@ -460,8 +460,10 @@ impl SoftDevice {
     }
 
     /// The device's connection manager service, started on first use
-    /// (ENODEV once the device is gone).
-    pub(crate) fn cm_service(&self, verb: Verb) -> Result<CmService, Error> {
+    /// (ENODEV once the device is gone), with the device's engine: the
+    /// engine's thread is what receives the CM's MADs, and an id may listen
+    /// or connect before its process made any QP.
+    pub(crate) fn cm_service(self: &Arc<Self>, verb: Verb) -> Result<CmService, Error> {
         self.check_alive(verb)?;
         let mut cm = self.cm.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(service) = cm.as_ref() {
@@ -470,6 +472,8 @@ impl SoftDevice {
         let service = CmService::start(&self.engine, self.gid, self.node_guid)
             .map_err(|e| Error::from_io(verb, &e, "the connection manager's GSI QP"))?;
         *cm = Some(service.clone());
+        drop(cm);
+        self.start_engine();
         Ok(service)
     }
 

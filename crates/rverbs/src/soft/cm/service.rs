@@ -156,6 +156,29 @@ impl CmService {
         r
     }
 
+    /// Runs `f` on the agent as [`with_agent`](Self::with_agent) does;
+    /// when it makes a connection or a listener, `owner` names it and its
+    /// events go to `sink` — registered before the lock is let go, so
+    /// before what `f` queued leaves: an answer that comes back at once
+    /// (a REJ, a REP) finds its sink even if the caller's thread has not
+    /// run again yet.
+    pub(crate) fn with_agent_for<T, E>(
+        &self,
+        sink: Weak<dyn CmSink>,
+        owner: impl FnOnce(&T) -> Owner,
+        f: impl FnOnce(&mut CmAgent, Instant) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut st = self.lock();
+        let r = f(&mut st.agent, Instant::now());
+        if let Ok(made) = &r {
+            st.sinks.insert(owner(made), sink);
+        }
+        self.transmit(&mut st);
+        drop(st);
+        self.wake();
+        r
+    }
+
     /// Sends `owner`'s events to `sink` from now on.
     pub(crate) fn set_sink(&self, owner: Owner, sink: Weak<dyn CmSink>) {
         self.lock().sinks.insert(owner, sink);
