@@ -428,3 +428,61 @@ fn answers_that_come_before_connect_returns_are_not_lost() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(rejecter.join().unwrap(), THREADS * CONNECTS);
 }
+
+/// Both sides hang up at once, as perftest's do: the side whose
+/// `disconnect` comes after the peer's DREQ succeeds all the same (the
+/// kernel's rdma_disconnect returns 0 once the id had a connection; perftest
+/// printed "Failed to disconnect RDMA CM connection."), and so does a
+/// second disconnect, and one after a rejection.
+#[test]
+fn disconnecting_after_the_peer_did_succeeds() {
+    let p = port();
+    let (sch, _server, cch, client) = listening_and_resolved(
+        PortSpace::Tcp,
+        &format!("0.0.0.0:{p}"),
+        None,
+        &format!("127.0.0.1:{p}"),
+    );
+    let c = side(&client, QpType::Rc);
+    client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
+    let req = expect(&sch, CmEventKind::ConnectRequest);
+    let conn = req.id.clone();
+    let s = side(&conn, QpType::Rc);
+    conn.accept(Some(&s.qp), &ConnParam::default()).unwrap();
+    expect(&cch, CmEventKind::Established);
+    expect(&sch, CmEventKind::Established);
+
+    conn.disconnect().unwrap();
+    expect(&cch, CmEventKind::Disconnected);
+    client
+        .disconnect()
+        .expect("disconnect after the peer's DREQ");
+    expect(&sch, CmEventKind::Disconnected);
+    conn.disconnect().expect("a second disconnect");
+    assert_eq!(c.qp.state(), QpState::Err);
+    assert_eq!(s.qp.state(), QpState::Err);
+
+    // A rejected connect: disconnect succeeds too (and changes nothing).
+    let p = port();
+    let (sch, _server, cch, client) = listening_and_resolved(
+        PortSpace::Tcp,
+        &format!("0.0.0.0:{p}"),
+        None,
+        &format!("127.0.0.1:{p}"),
+    );
+    client
+        .connect(
+            None,
+            &ConnParam {
+                qp_num: 0x4242,
+                ..ConnParam::default()
+            },
+        )
+        .unwrap();
+    expect(&sch, CmEventKind::ConnectRequest)
+        .id
+        .reject(&[])
+        .unwrap();
+    expect(&cch, CmEventKind::Rejected);
+    client.disconnect().expect("disconnect after a rejection");
+}

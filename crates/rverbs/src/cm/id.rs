@@ -770,10 +770,19 @@ impl CmId {
 
     /// Disconnects (`rdma_disconnect`): the QP the id brought up goes to
     /// ERR (its work flushes), a DREQ goes to the peer; DISCONNECTED
-    /// follows.
+    /// follows. On an id whose connection is over already — the peer hung
+    /// up first, or it was rejected — it only moves the QP to ERR and
+    /// succeeds, as the kernel's does (both sides of a program often hang
+    /// up at once).
     pub fn disconnect(&self) -> Result<()> {
         let verb = Verb::Disconnect;
         let st = self.core.lock();
+        if matches!(st.phase, Phase::Disconnected | Phase::Failed) {
+            if let Some(qp) = &st.qp {
+                to_error(qp);
+            }
+            return Ok(());
+        }
         let (Some(conn), Some(service)) = (st.conn, st.service.clone()) else {
             return Err(einval(verb, "the id is not connected"));
         };
