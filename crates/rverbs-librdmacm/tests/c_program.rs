@@ -2,8 +2,8 @@
 //! linked with `-lrdmacm` runs on the built libraries (LD_LIBRARY_PATH →
 //! `librdmacm.so.1` → `target/<profile>/librdmacm.so`, and `libibverbs.so.1`
 //! → `target/<profile>/libibverbs.so`, whose rdma_cm librdmacm forwards to):
-//! `rdma_event_str` answers exactly as Debian's does, and the calls that are
-//! calls make real channels, ids and device lists. With Debian's libibverbs
+//! `rdma_event_str` answers exactly as Debian's does, and the calls make
+//! real channels, ids and device lists. With Debian's libibverbs
 //! instead, every call fails with ENOSYS and librdmacm says why, once.
 
 mod common;
