@@ -101,7 +101,18 @@ fn runs_an_unmodified_rdma_cm_program() {
         .unwrap()
         .port()
         .to_string();
-    let o = rverbs(&["run", "--", "rping", "-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"]);
+    let o = rverbs(&[
+        "run",
+        "--",
+        "rping",
+        "-c",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-C",
+        "1",
+    ]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

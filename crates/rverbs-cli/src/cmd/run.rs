@@ -60,8 +60,7 @@ pub fn lib_dir() -> anyhow::Result<PathBuf> {
             let _ = std::fs::remove_file(&tmp);
             std::os::unix::fs::symlink(&target, &tmp)
                 .with_context(|| format!("linking {}", tmp.display()))?;
-            std::fs::rename(&tmp, &link)
-                .with_context(|| format!("linking {}", link.display()))?;
+            std::fs::rename(&tmp, &link).with_context(|| format!("linking {}", link.display()))?;
         }
     }
     Ok(dir)
