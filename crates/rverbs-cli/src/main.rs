@@ -2,7 +2,8 @@
 //! RoCE devices, measure them against TCP and UDP (`bench`), ping-pong over
 //! RC, UC, UD and SRQs (`pingpong`), decode captures, show running
 //! programs' device counters (`counters`), and run unmodified C
-//! verbs programs on the drop-in libibverbs (`run`).
+//! verbs and rdma_cm programs on the drop-in libibverbs and librdmacm
+//! (`run`).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -35,8 +36,9 @@ enum Command {
     /// Show the device counters (packets, drops by reason, retransmissions,
     /// NAKs) of running programs.
     Counters(cmd::counters::CountersArgs),
-    /// Run an unmodified C verbs program (ibv_rc_pingpong, ib_write_bw …)
-    /// on rverbs: `rverbs run -- PROGRAM ARGS…`.
+    /// Run an unmodified C verbs or rdma_cm program (ibv_rc_pingpong,
+    /// ib_write_bw, rping …) on rverbs' libibverbs.so.1 and librdmacm.so.1:
+    /// `rverbs run -- PROGRAM ARGS…`.
     Run(cmd::run::RunArgs),
 }
 

@@ -1,5 +1,5 @@
-//! `rverbs run`: unmodified C programs on the drop-in library built beside
-//! the binary (scripts/test builds the whole workspace first).
+//! `rverbs run`: unmodified C programs on the drop-in libraries built
+//! beside the binary (scripts/test builds the whole workspace first).
 
 use std::path::Path;
 use std::process::Command;
@@ -11,34 +11,114 @@ fn rverbs(args: &[&str]) -> std::process::Output {
 }
 
 fn have_library() -> bool {
-    let lib = Path::new(RVERBS).with_file_name("libibverbs.so");
-    if !lib.is_file() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} missing: scripts/test builds the workspace before testing",
-            lib.display()
-        );
-        eprintln!("skipped: build rverbs-libibverbs first");
-        return false;
+    for file in ["libibverbs.so", "librdmacm.so"] {
+        let lib = Path::new(RVERBS).with_file_name(file);
+        if !lib.is_file() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{} missing: scripts/test builds the workspace before testing",
+                lib.display()
+            );
+            eprintln!("skipped: build rverbs-libibverbs and rverbs-librdmacm first");
+            return false;
+        }
     }
     true
 }
 
 #[test]
-fn lib_dir_holds_libibverbs_so_1() {
+fn lib_dir_holds_libibverbs_so_1_and_librdmacm_so_1() {
     if !have_library() {
         return;
     }
     let o = rverbs(&["run", "--lib-dir"]);
     assert!(o.status.success(), "{o:?}");
     let dir = String::from_utf8(o.stdout).unwrap();
-    let so = Path::new(dir.trim()).join("libibverbs.so.1");
-    assert!(so.exists(), "{}", so.display());
-    // It is the library built beside the binary.
-    assert_eq!(
-        std::fs::canonicalize(&so).unwrap(),
-        std::fs::canonicalize(Path::new(RVERBS).with_file_name("libibverbs.so")).unwrap()
+    for (soname, file) in [
+        ("libibverbs.so.1", "libibverbs.so"),
+        ("librdmacm.so.1", "librdmacm.so"),
+    ] {
+        let so = Path::new(dir.trim()).join(soname);
+        assert!(so.exists(), "{}", so.display());
+        // It is the library built beside the binary.
+        assert_eq!(
+            std::fs::canonicalize(&so).unwrap(),
+            std::fs::canonicalize(Path::new(RVERBS).with_file_name(file)).unwrap()
+        );
+    }
+}
+
+/// A copy of the rverbs binary in a directory of its own, with
+/// `libibverbs.so` beside it but no `librdmacm.so`: `run` says which
+/// library is missing and how to build it, and runs nothing.
+#[test]
+fn a_missing_librdmacm_is_a_clear_error() {
+    if !have_library() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rverbs-run-nocm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("rverbs");
+    std::fs::copy(RVERBS, &exe).unwrap();
+    std::os::unix::fs::symlink(
+        Path::new(RVERBS).with_file_name("libibverbs.so"),
+        dir.join("libibverbs.so"),
+    )
+    .unwrap();
+    let o = Command::new(&exe)
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("librdmacm.so is missing")
+            && err.contains("cargo build --release -p rverbs-libibverbs -p rverbs-librdmacm"),
+        "{err}"
     );
+}
+
+#[test]
+fn runs_an_unmodified_rdma_cm_program() {
+    if !have_library() {
+        return;
+    }
+    if !Path::new("/usr/bin/rping").exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "rdmacm-utils missing in CI"
+        );
+        eprintln!("skipped: rdmacm-utils not installed");
+        return;
+    }
+    // rping's client to a port nobody listens on: rdma_cm on rverbs (the
+    // kernel's would say there is no RDMA device) reports the rejection.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let o = rverbs(&[
+        "run",
+        "--",
+        "rping",
+        "-c",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-C",
+        "1",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("RDMA_CM_EVENT_REJECTED"), "{text}");
 }
 
 #[test]

@@ -490,6 +490,35 @@ fn create_allows_zero_caps_and_returns_at_least_what_was_asked() {
     }
 }
 
+/// A QP's inline room is at least what its send SGEs take in a WQE (16
+/// bytes each), whatever was asked, as kernel rxe and the mlx providers
+/// report it: rdma_xclient posts 16 bytes IBV_SEND_INLINE on a QP made
+/// with max_inline_data 0 and one SGE, and failed with EINVAL.
+#[test]
+fn inline_room_covers_the_send_sges() {
+    let ctx = device().open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    for (sges, asked, want) in [(1, 0, 16), (4, 0, 64), (1, 100, 100), (0, 0, 0)] {
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .caps(QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: sges,
+                max_recv_sge: 1,
+                max_inline_data: asked,
+            })
+            .build()
+            .unwrap();
+        assert_eq!(
+            qp.caps().max_inline_data,
+            want,
+            "{sges} send SGEs, {asked} inline bytes asked"
+        );
+    }
+}
+
 // ---- 2. many QPs ---------------------------------------------------------
 
 #[test]

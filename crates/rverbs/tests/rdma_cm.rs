@@ -462,3 +462,131 @@ fn ids_hear_of_their_device_going_away() {
     assert_eq!(c.qp.state(), QpState::Err);
     assert_eq!(s.qp.state(), QpState::Err);
 }
+
+/// Many connects at once, each answered at once (the listener rejects
+/// every request as it comes): every id hears its answer. The answer may
+/// come back before `connect` returns to its caller — the id must already
+/// be the one the connection's events go to when its REQ leaves (cmtime
+/// -c 100 hung, waiting for an ESTABLISHED that had been dropped). No id
+/// here has a QP, nor has the process: the connection manager runs the
+/// device (it receives the MADs) without one.
+#[test]
+fn answers_that_come_before_connect_returns_are_not_lost() {
+    const THREADS: usize = 4;
+    const CONNECTS: usize = 100;
+    let p = port();
+    let sch = EventChannel::new().unwrap();
+    let server = CmId::new(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr(&format!("0.0.0.0:{p}"))).unwrap();
+    server.listen(0).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rejecter = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _server = server;
+            let mut rejected = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(ev) = sch.get_event_timeout(Duration::from_millis(50)).unwrap() {
+                    assert_eq!(ev.kind, CmEventKind::ConnectRequest, "{ev:?}");
+                    ev.id.reject(b"busy").unwrap();
+                    rejected += 1;
+                }
+            }
+            rejected
+        })
+    };
+    let clients: Vec<_> = (0..THREADS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let ch = EventChannel::new().unwrap();
+                for i in 0..CONNECTS {
+                    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+                    id.resolve_addr(None, addr(&format!("127.0.0.1:{p}")))
+                        .unwrap();
+                    expect(&ch, CmEventKind::AddrResolved);
+                    id.resolve_route().unwrap();
+                    expect(&ch, CmEventKind::RouteResolved);
+                    // No QP: a made-up QP number (the REQ needs one).
+                    let param = ConnParam {
+                        qp_num: 0x1000 + (t * CONNECTS + i) as u32,
+                        ..ConnParam::default()
+                    };
+                    id.connect(None, &param).unwrap();
+                    let ev = ch
+                        .get_event_timeout(EVENT_WAIT)
+                        .unwrap()
+                        .unwrap_or_else(|| {
+                            panic!(
+                                "thread {t}, connect {i}: no answer within {EVENT_WAIT:?}; {:?}",
+                                id.device().unwrap().net_stats()
+                            )
+                        });
+                    assert_eq!(ev.kind, CmEventKind::Rejected, "{ev:?}");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(rejecter.join().unwrap(), THREADS * CONNECTS);
+}
+
+/// Both sides hang up at once, as perftest's do: the side whose
+/// `disconnect` comes after the peer's DREQ succeeds all the same (the
+/// kernel's rdma_disconnect returns 0 once the id had a connection; perftest
+/// printed "Failed to disconnect RDMA CM connection."), and so does a
+/// second disconnect, and one after a rejection.
+#[test]
+fn disconnecting_after_the_peer_did_succeeds() {
+    let p = port();
+    let (sch, _server, cch, client) = listening_and_resolved(
+        PortSpace::Tcp,
+        &format!("0.0.0.0:{p}"),
+        None,
+        &format!("127.0.0.1:{p}"),
+    );
+    let c = side(&client, QpType::Rc);
+    client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
+    let req = expect(&sch, CmEventKind::ConnectRequest);
+    let conn = req.id.clone();
+    let s = side(&conn, QpType::Rc);
+    conn.accept(Some(&s.qp), &ConnParam::default()).unwrap();
+    expect(&cch, CmEventKind::Established);
+    expect(&sch, CmEventKind::Established);
+
+    conn.disconnect().unwrap();
+    expect(&cch, CmEventKind::Disconnected);
+    client
+        .disconnect()
+        .expect("disconnect after the peer's DREQ");
+    expect(&sch, CmEventKind::Disconnected);
+    conn.disconnect().expect("a second disconnect");
+    assert_eq!(c.qp.state(), QpState::Err);
+    assert_eq!(s.qp.state(), QpState::Err);
+
+    // A rejected connect: disconnect succeeds too (and changes nothing).
+    let p = port();
+    let (sch, _server, cch, client) = listening_and_resolved(
+        PortSpace::Tcp,
+        &format!("0.0.0.0:{p}"),
+        None,
+        &format!("127.0.0.1:{p}"),
+    );
+    client
+        .connect(
+            None,
+            &ConnParam {
+                qp_num: 0x4242,
+                ..ConnParam::default()
+            },
+        )
+        .unwrap();
+    expect(&sch, CmEventKind::ConnectRequest)
+        .id
+        .reject(&[])
+        .unwrap();
+    expect(&cch, CmEventKind::Rejected);
+    client.disconnect().expect("disconnect after a rejection");
+}

@@ -1,8 +1,10 @@
-//! `rverbs run -- PROGRAM ARGS…`: runs an unmodified C verbs program on
-//! rverbs by putting the drop-in `libibverbs.so.1` first on its library
-//! path. The library is the one built beside this binary
-//! (`target/<profile>/libibverbs.so`); the loader looks it up by its SONAME,
-//! so a directory `ibverbs/` next to it holds a `libibverbs.so.1` link to it.
+//! `rverbs run -- PROGRAM ARGS…`: runs an unmodified C verbs or rdma_cm
+//! program on rverbs by putting the drop-in `libibverbs.so.1` and
+//! `librdmacm.so.1` first on its library path. The libraries are the ones
+//! built beside this binary (`target/<profile>/libibverbs.so` and
+//! `librdmacm.so`); the loader looks them up by their SONAMEs, so a
+//! directory `ibverbs/` next to them holds `libibverbs.so.1` and
+//! `librdmacm.so.1` links to them.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -14,8 +16,8 @@ use anyhow::{bail, Context as _};
 /// Arguments of `rverbs run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Print the directory that holds libibverbs.so.1 (for LD_LIBRARY_PATH)
-    /// and exit.
+    /// Print the directory that holds libibverbs.so.1 and librdmacm.so.1
+    /// (for LD_LIBRARY_PATH) and exit.
     #[arg(long)]
     pub lib_dir: bool,
     /// The program and its arguments (after `--`).
@@ -23,28 +25,43 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// The directory holding `libibverbs.so.1`, made if needed next to the
-/// built `libibverbs.so`.
+/// The drop-in libraries: the file cargo builds, the SONAME programs load
+/// it by, and the package that builds it.
+const LIBRARIES: [(&str, &str, &str); 2] = [
+    ("libibverbs.so", "libibverbs.so.1", "rverbs-libibverbs"),
+    ("librdmacm.so", "librdmacm.so.1", "rverbs-librdmacm"),
+];
+
+/// The directory holding `libibverbs.so.1` and `librdmacm.so.1`, made if
+/// needed next to the built libraries. Either library missing is an error
+/// that says how to build it.
 pub fn lib_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("where is this rverbs binary?")?;
-    let built = exe.parent().unwrap_or(Path::new(".")).join("libibverbs.so");
-    if !built.is_file() {
-        bail!(
-            "{} is missing: build the drop-in library with \
-             `cargo build --release -p rverbs-libibverbs` (the same profile as this rverbs)",
-            built.display()
-        );
+    let profile = exe.parent().unwrap_or(Path::new("."));
+    for (file, _, package) in LIBRARIES {
+        let built = profile.join(file);
+        if !built.is_file() {
+            bail!(
+                "{} is missing: build the drop-in libraries with \
+                 `cargo build --release -p rverbs-libibverbs -p rverbs-librdmacm` \
+                 (the same profile as this rverbs; {file} is {package}'s)",
+                built.display()
+            );
+        }
     }
-    let dir = built.with_file_name("ibverbs");
-    let link = dir.join("libibverbs.so.1");
+    let dir = profile.join("ibverbs");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    if std::fs::read_link(&link).ok().as_deref() != Some(Path::new("../libibverbs.so")) {
-        // Made beside and renamed over: several rverbs at once all succeed.
-        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink("../libibverbs.so", &tmp)
-            .with_context(|| format!("linking {}", tmp.display()))?;
-        std::fs::rename(&tmp, &link).with_context(|| format!("linking {}", link.display()))?;
+    for (file, soname, _) in LIBRARIES {
+        let link = dir.join(soname);
+        let target = Path::new("..").join(file);
+        if std::fs::read_link(&link).ok().as_deref() != Some(target.as_path()) {
+            // Made beside and renamed over: several rverbs at once all succeed.
+            let tmp = dir.join(format!(".{soname}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&target, &tmp)
+                .with_context(|| format!("linking {}", tmp.display()))?;
+            std::fs::rename(&tmp, &link).with_context(|| format!("linking {}", link.display()))?;
+        }
     }
     Ok(dir)
 }

@@ -1121,7 +1121,8 @@ pub(crate) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 
 /// `rdma_getaddrinfo`: `node` and `service` resolved (names through the
 /// system's resolver), as the passive side's source address (RAI_PASSIVE)
-/// or the active side's destination.
+/// or the active side's destination. With neither, the hints' addresses
+/// (libfabric asks so); with none of the three, EINVAL.
 pub(crate) unsafe extern "C" fn rdma_getaddrinfo(
     node: *const c_char,
     service: *const c_char,
@@ -1129,11 +1130,35 @@ pub(crate) unsafe extern "C" fn rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     guard(-1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
-            return neg(libc::EINVAL);
-        }
         // SAFETY: the program's hints, or NULL.
         let hints = unsafe { hints.as_ref() };
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_none()) {
+            return neg(libc::EINVAL);
+        }
+        if node.is_null() && service.is_null() {
+            let Some(h) = hints else {
+                return neg(libc::EINVAL);
+            };
+            // SAFETY: the hints' addresses, as their families say.
+            let (src, dst) = unsafe { (socket_addr(h.ai_src_addr), socket_addr(h.ai_dst_addr)) };
+            // SAFETY: all-zero is valid for every field.
+            let mut info: Box<AddrInfo> = Box::new(unsafe { zeroed() });
+            info.c.ai_flags = h.ai_flags;
+            info.c.ai_family = h.ai_family;
+            info.c.ai_qp_type = h.ai_qp_type;
+            info.c.ai_port_space = h.ai_port_space;
+            if let Some(dst) = dst {
+                info.c.ai_dst_len = c_addr(dst, &mut info.dst);
+                info.c.ai_dst_addr = ptr::from_mut(&mut info.dst).cast();
+            }
+            if let Some(src) = src {
+                info.c.ai_src_len = c_addr(src, &mut info.src);
+                info.c.ai_src_addr = ptr::from_mut(&mut info.src).cast();
+            }
+            // SAFETY: the program's pointer.
+            unsafe { *res = Box::into_raw(info).cast() };
+            return 0;
+        }
         let flags = hints.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
         let port = if service.is_null() {

@@ -75,7 +75,44 @@ fn newest_source(dir: &Path) -> SystemTime {
 /// removed on drop.
 pub struct LibDir(pub PathBuf);
 
+/// The built `librdmacm.so` (`cargo build -p rverbs-librdmacm`), checked
+/// against its sources as [`library`] is; it forwards every rdma_cm call
+/// to the built libibverbs.
+pub fn librdmacm() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let lib = profile_dir.join("librdmacm.so");
+    let built = std::fs::metadata(&lib)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run `cargo build -p rverbs-librdmacm` first",
+                lib.display()
+            )
+        });
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let newest = ["rverbs-librdmacm", "rverbs-ibverbs-abi", "../build-support"]
+        .iter()
+        .map(|c| newest_source(&crates.join(c)))
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    assert!(
+        built >= newest,
+        "{} is older than its sources: run `cargo build -p rverbs-librdmacm` first",
+        lib.display()
+    );
+    lib
+}
+
 impl LibDir {
+    /// The same, also holding `librdmacm.so.1` → the built librdmacm, for
+    /// rdma_cm programs.
+    pub fn with_rdmacm(tag: &str) -> LibDir {
+        let dir = LibDir::new(tag);
+        std::os::unix::fs::symlink(librdmacm(), dir.0.join("librdmacm.so.1")).unwrap();
+        dir
+    }
+
     pub fn new(tag: &str) -> LibDir {
         let lib = library();
         let dir = std::env::temp_dir().join(format!(

@@ -533,7 +533,7 @@ impl CmId {
         let id = service
             .with_agent_for(
                 self.core.sink(),
-                |l| Owner::Listen(*l),
+                |&l| Owner::Listen(l),
                 |a, _| a.listen(service_id, backlog),
             )
             .map_err(|e| cm_error(verb, e))?;
@@ -620,23 +620,23 @@ impl CmId {
             st.qp = Some(qp.view());
         }
         let qp_num = qp.map_or(param.qp_num, QueuePair::qp_num);
+        // The id takes the connection's events from before its REQ
+        // leaves: the answer may beat this thread back.
+        let sink = self.core.sink();
+        let owner = |&c: &ConnId| Owner::Conn(c);
         let conn = if space.is_ud() {
             service
-                .with_agent_for(
-                    self.core.sink(),
-                    |c| Owner::Conn(*c),
-                    |a, now| {
-                        a.sidr_request(
-                            now,
-                            Gid::from_ip(target),
-                            service_id,
-                            0xffff,
-                            &private_data,
-                            SIDR_TIMEOUT,
-                            15,
-                        )
-                    },
-                )
+                .with_agent_for(sink, owner, |a, now| {
+                    a.sidr_request(
+                        now,
+                        Gid::from_ip(target),
+                        service_id,
+                        0xffff,
+                        &private_data,
+                        SIDR_TIMEOUT,
+                        15,
+                    )
+                })
                 .map_err(|e| cm_error(verb, e))?
         } else {
             let srq = qp.map_or(param.srq, |q| q.core.srq.is_some());
@@ -662,11 +662,7 @@ impl CmId {
             p.flow_label = flow_label(local.port(), peer.port());
             p.private_data = private_data;
             service
-                .with_agent_for(
-                    self.core.sink(),
-                    |c| Owner::Conn(*c),
-                    |a, now| a.connect(now, p),
-                )
+                .with_agent_for(sink, owner, |a, now| a.connect(now, p))
                 .map_err(|e| cm_error(verb, e))?
         };
         st.conn = Some(conn);
@@ -776,10 +772,19 @@ impl CmId {
 
     /// Disconnects (`rdma_disconnect`): the QP the id brought up goes to
     /// ERR (its work flushes), a DREQ goes to the peer; DISCONNECTED
-    /// follows.
+    /// follows. On an id whose connection is over already — the peer hung
+    /// up first, or it was rejected — it only moves the QP to ERR and
+    /// succeeds, as the kernel's does (both sides of a program often hang
+    /// up at once).
     pub fn disconnect(&self) -> Result<()> {
         let verb = Verb::Disconnect;
         let st = self.core.lock();
+        if matches!(st.phase, Phase::Disconnected | Phase::Failed) {
+            if let Some(qp) = &st.qp {
+                to_error(qp);
+            }
+            return Ok(());
+        }
         let (Some(conn), Some(service)) = (st.conn, st.service.clone()) else {
             return Err(einval(verb, "the id is not connected"));
         };

@@ -24,6 +24,10 @@ use crate::wr::{Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
 
 /// Most bytes of inline data a send WR may carry.
 pub const MAX_INLINE_DATA: u32 = 512;
+
+/// Bytes of a scatter/gather element in a WQE (`struct ibv_sge`): a QP's
+/// inline room is at least this much per send SGE.
+const SGE_BYTES: u32 = 16;
 /// Largest message (the port's `max_msg_sz`).
 const MAX_MSG: u64 = crate::soft::transport::MAX_MSG_SZ as u64;
 
@@ -141,6 +145,13 @@ impl<'a> QpBuilder<'a> {
                 ));
             }
         }
+        // The inline room is at least what the send SGEs take in a WQE
+        // (16 bytes each), as kernel rxe and the mlx providers report it:
+        // programs post that much inline on a QP that asked for none.
+        c.max_inline_data = c
+            .max_inline_data
+            .max(c.max_send_sge.saturating_mul(SGE_BYTES))
+            .min(MAX_INLINE_DATA);
         if !dev.qps.try_acquire() {
             return Err(Error::new(
                 verb,
