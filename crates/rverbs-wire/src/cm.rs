@@ -228,7 +228,8 @@ wire_fields! { CmReq {
     transport_service_type / set_transport_service_type: bits[5, 2] @ 43;
     /// End-to-end flow control.
     end_to_end_flow_control / set_end_to_end_flow_control: flag[7] @ 43;
-    /// Starting PSN of the sender's send queue.
+    /// Starting PSN: the one the sender's QP receives first, which the
+    /// receiver's send queue starts at (as the Linux CM uses it).
     starting_psn / set_starting_psn: psn @ 44;
     /// Local CM response timeout (5 bits).
     local_cm_response_timeout / set_local_cm_response_timeout: bits[0, 5] @ 47;
@@ -756,7 +757,8 @@ wire_fields! { CmRep {
     local_qpn / set_local_qpn: u24 @ 12;
     /// Local EE context number (24 bits; RD only).
     local_eecn / set_local_eecn: u24 @ 16;
-    /// Starting PSN of the replier's send queue.
+    /// Starting PSN: the one the replier's QP receives first, which the
+    /// active side's send queue starts at (as the Linux CM uses it).
     starting_psn / set_starting_psn: psn @ 20;
     /// Responder resources.
     responder_resources / set_responder_resources: u8 @ 24;

@@ -965,18 +965,7 @@ impl IdCore {
                 .device
                 .as_ref()
                 .map_or(Mtu::Mtu1024, |d| d.core.port.active_mtu);
-            st.rtr = Some(Rtr {
-                peer,
-                dest_qpn: req.local_qpn,
-                rq_psn: req.starting_psn,
-                mtu: req.path_mtu.min(port_mtu),
-                max_dest_rd_atomic: req.initiator_depth,
-                sq_psn: st.local_psn,
-                timeout: req.primary.local_ack_timeout,
-                retry_cnt: req.retry_count,
-                rnr_retry: req.rnr_retry_count,
-                max_rd_atomic: req.responder_resources,
-            });
+            st.rtr = Some(Rtr::passive(&req, st.local_psn, port_mtu, peer));
             st.req = Some(req);
         }
         self.channel().push(CmEvent {
@@ -1012,18 +1001,7 @@ impl IdCore {
             .device
             .as_ref()
             .map_or(Mtu::Mtu1024, |d| d.core.port.active_mtu);
-        let rtr = Rtr {
-            peer,
-            dest_qpn: response.remote_qpn,
-            rq_psn: response.remote_starting_psn,
-            mtu,
-            max_dest_rd_atomic: offer.responder_resources.min(response.responder_resources),
-            sq_psn: st.local_psn,
-            timeout: LOCAL_ACK_TIMEOUT,
-            retry_cnt: offer.retry_count.min(7),
-            rnr_retry: response.rnr_retry_count,
-            max_rd_atomic: offer.initiator_depth.min(response.initiator_depth),
-        };
+        let rtr = Rtr::active(response, &offer, st.local_psn, mtu, peer);
         st.rtr = Some(rtr);
         let Some(qp) = st.qp.as_ref() else {
             // The program brings its QP up and calls establish.
@@ -1238,6 +1216,61 @@ fn flow_label(src_port: u16, dst_port: u16) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::soft::cm::codec;
+    use crate::soft::cm::msg::CmMessage;
+
+    /// The kernel's rping REQ (soft/cm/testdata): a whole IPv4 packet; the
+    /// MAD follows the IPv4, UDP, BTH and DETH headers.
+    fn kernel_rping_req() -> Box<Req> {
+        let pkt: &[u8] = include_bytes!("../soft/cm/testdata/kernel-rping-req.bin");
+        match codec::decode(&pkt[48..48 + 256]) {
+            Ok(CmMessage::Req(req)) => req,
+            other => panic!("not a REQ: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_passive_side_sends_from_the_reqs_starting_psn() {
+        // A REQ's (and a REP's) starting PSN is the PSN its sender's QP
+        // expects first: the kernel's CM makes the REQ's the passive
+        // side's sq_psn (and rdma_cm its own rq_psn), the REP's the
+        // passive side's rq_psn.
+        let req = kernel_rping_req();
+        assert_eq!(req.starting_psn, 0x3b_2e27);
+        let in_our_rep = 0x12_3456;
+        let rtr = Rtr::passive(&req, in_our_rep, Mtu::Mtu4096, Gid::ZERO);
+        assert_eq!(
+            (rtr.sq_psn, rtr.rq_psn),
+            (0x3b_2e27, in_our_rep),
+            "(sq_psn, rq_psn)"
+        );
+    }
+
+    #[test]
+    fn the_active_side_sends_from_the_reps_starting_psn() {
+        let in_our_req = 0x12_3456;
+        let response = ConnectResponse {
+            remote_qpn: 0x11,
+            remote_starting_psn: 0x3b_2e27,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            target_ack_delay: 15,
+            srq: false,
+            flow_control: false,
+            remote_ca_guid: 0x5054_00ff_fe7e_0002,
+            private_data: Default::default(),
+        };
+        let offer = ConnParam::default();
+        let rtr = Rtr::active(&response, &offer, in_our_req, Mtu::Mtu4096, Gid::ZERO);
+        assert_eq!(
+            (rtr.sq_psn, rtr.rq_psn),
+            (0x3b_2e27, in_our_req),
+            "(sq_psn, rq_psn)"
+        );
+    }
+
     #[test]
     fn the_flow_label_is_the_kernels() {
         // The kernel's rping REQ (soft/cm/testdata): source port 0xbddc,
@@ -1371,6 +1404,53 @@ struct Rtr {
     retry_cnt: u8,
     rnr_retry: u8,
     max_rd_atomic: u8,
+}
+
+impl Rtr {
+    /// The passive side's QP, from the peer's REQ and the PSN this side
+    /// puts in its REP (`local_psn`) toward `peer`. A REQ's or REP's
+    /// starting PSN is the one its sender's QP expects first: this QP
+    /// sends from the REQ's and receives from the REP's (the kernel's CM
+    /// gives the passive side the REQ's as its sq_psn, and rdma_cm gives
+    /// each side the PSN of its own message as its rq_psn).
+    fn passive(req: &Req, local_psn: u32, port_mtu: Mtu, peer: Gid) -> Rtr {
+        Rtr {
+            peer,
+            dest_qpn: req.local_qpn,
+            rq_psn: local_psn,
+            mtu: req.path_mtu.min(port_mtu),
+            max_dest_rd_atomic: req.initiator_depth,
+            sq_psn: req.starting_psn,
+            timeout: req.primary.local_ack_timeout,
+            retry_cnt: req.retry_count,
+            rnr_retry: req.rnr_retry_count,
+            max_rd_atomic: req.responder_resources,
+        }
+    }
+
+    /// The active side's QP, from the peer's REP, what this side offered
+    /// and the PSN it put in its REQ (`local_psn`): it sends from the
+    /// REP's starting PSN and receives from the REQ's.
+    fn active(
+        response: &ConnectResponse,
+        offer: &ConnParam,
+        local_psn: u32,
+        mtu: Mtu,
+        peer: Gid,
+    ) -> Rtr {
+        Rtr {
+            peer,
+            dest_qpn: response.remote_qpn,
+            rq_psn: local_psn,
+            mtu,
+            max_dest_rd_atomic: offer.responder_resources.min(response.responder_resources),
+            sq_psn: response.remote_starting_psn,
+            timeout: LOCAL_ACK_TIMEOUT,
+            retry_cnt: offer.retry_count.min(7),
+            rnr_retry: response.rnr_retry_count,
+            max_rd_atomic: offer.initiator_depth.min(response.initiator_depth),
+        }
+    }
 }
 
 /// INIT → RTR → RTS (UC takes no timers, retries or READ depths).

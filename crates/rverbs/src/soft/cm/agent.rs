@@ -179,7 +179,8 @@ pub(crate) struct ConnectParams {
     pub(crate) service_id: u64,
     /// This side's QPN.
     pub(crate) local_qpn: u32,
-    /// This side's first send PSN.
+    /// The PSN this side's QP expects first (its rq_psn; the peer sends
+    /// from it).
     pub(crate) starting_psn: u32,
     /// RC or UC.
     pub(crate) transport: CmTransport,
@@ -259,7 +260,8 @@ impl ConnectParams {
 pub(crate) struct AcceptParams {
     /// This side's QPN.
     pub(crate) local_qpn: u32,
-    /// This side's first send PSN.
+    /// The PSN this side's QP expects first (its rq_psn; the peer sends
+    /// from it).
     pub(crate) starting_psn: u32,
     /// RDMA READ/atomic requests this side will serve.
     pub(crate) responder_resources: u8,
@@ -284,7 +286,7 @@ pub(crate) struct AcceptParams {
 pub(crate) struct ConnectResponse {
     /// The passive side's QPN (the QP's destination).
     pub(crate) remote_qpn: u32,
-    /// The passive side's first send PSN (this QP's receive PSN).
+    /// The PSN the passive side's QP expects first (this QP's send PSN).
     pub(crate) remote_starting_psn: u32,
     /// RDMA READ/atomic requests this side may serve (the peer's depth).
     pub(crate) responder_resources: u8,

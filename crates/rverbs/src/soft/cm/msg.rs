@@ -173,7 +173,8 @@ pub(crate) struct Req {
     pub(crate) transport: CmTransport,
     /// End-to-end flow control.
     pub(crate) flow_control: bool,
-    /// The active side's first send PSN (24 bits).
+    /// The PSN the active side's QP expects first (24 bits): the passive
+    /// side sends from it (as the Linux CM uses it).
     pub(crate) starting_psn: u32,
     /// How long the active side takes to answer (exponent).
     pub(crate) local_cm_response_timeout: u8,
@@ -245,7 +246,8 @@ pub(crate) struct Rep {
     pub(crate) local_qkey: u32,
     /// The passive side's QPN.
     pub(crate) local_qpn: u32,
-    /// The passive side's first send PSN.
+    /// The PSN the passive side's QP expects first: the active side
+    /// sends from it.
     pub(crate) starting_psn: u32,
     /// RDMA READ/atomic requests the passive side will serve.
     pub(crate) responder_resources: u8,
