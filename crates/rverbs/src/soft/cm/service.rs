@@ -33,6 +33,11 @@ use crate::attr::Gid;
 use crate::soft::engine::{peer_endpoint, Engine, GsiPort, NetStats, DEFAULT_PKEY, GSI_QPN};
 use crate::soft::memory::random_u32;
 
+/// Most MADs one step takes under the lock: a flood cannot keep calls and
+/// timers out (the inbox's bell stays rung, so the next step follows at
+/// once).
+const MADS_PER_STEP: usize = 64;
+
 /// Longest the service sleeps without a timer due (it also wakes for
 /// MADs, calls and shutdown).
 const IDLE_WAIT: Duration = Duration::from_secs(5);
@@ -213,20 +218,15 @@ impl CmService {
     pub(crate) fn shutdown(&self) {
         self.inner.stop.store(true, Ordering::Release);
         self.wake();
-        let sinks: Vec<Arc<dyn CmSink>> = {
-            let mut st = self.lock();
-            let mut seen: Vec<Arc<dyn CmSink>> = Vec::new();
-            for sink in std::mem::take(&mut st.sinks).into_values() {
-                if let Some(sink) = sink.upgrade() {
-                    if !seen.iter().any(|s| Arc::ptr_eq(s, &sink)) {
-                        seen.push(sink);
-                    }
-                }
+        // Taken out under the lock, used and dropped after it: the last
+        // handle on an id going away here takes the lock again.
+        let sinks = std::mem::take(&mut self.lock().sinks);
+        let mut told: Vec<Arc<dyn CmSink>> = Vec::new();
+        for sink in sinks.into_values().filter_map(|s| s.upgrade()) {
+            if !told.iter().any(|t| Arc::ptr_eq(t, &sink)) {
+                sink.on_device_removal();
+                told.push(sink);
             }
-            seen
-        };
-        for sink in sinks {
-            sink.on_device_removal();
         }
     }
 
@@ -264,19 +264,36 @@ impl CmService {
                 let _ = ppoll(&mut fds, Some(TimeSpec::from_duration(wait)), None);
             }
             let _ = self.inner.wake.read();
-            let events = self.step();
-            for (sink, event) in events {
-                sink.on_event(&self, event);
+            for event in self.step() {
+                // The sink is looked up as its event's turn comes: one
+                // registered by an event before it (a request's new id)
+                // gets the events that follow in the same batch.
+                let owner = Owner::of(&event);
+                let sink = {
+                    let mut st = self.lock();
+                    let sink = st.sinks.get(&owner).and_then(Weak::upgrade);
+                    if sink.is_none() {
+                        st.stats.orphan_events += 1;
+                    }
+                    sink
+                };
+                match sink {
+                    Some(sink) => sink.on_event(&self, event),
+                    None => tracing::debug!("CM event for a gone {owner:?} dropped: {event:?}"),
+                }
             }
         }
     }
 
-    /// Takes the MADs that came, runs due timers, sends, and returns the
-    /// events with their sinks.
-    fn step(&self) -> Vec<(Arc<dyn CmSink>, CmEvent)> {
+    /// Takes (at most [`MADS_PER_STEP`] of) the MADs that came, runs due
+    /// timers, sends, and returns the events.
+    fn step(&self) -> Vec<CmEvent> {
         let mut st = self.lock();
         let now = Instant::now();
-        while let Some(mad) = self.inner.port.recv() {
+        for _ in 0..MADS_PER_STEP {
+            let Some(mad) = self.inner.port.recv() else {
+                break;
+            };
             match codec::decode(&mad.bytes) {
                 Ok(msg) => st
                     .agent
@@ -291,17 +308,6 @@ impl CmService {
             st.agent.handle_timeout(now);
         }
         self.transmit(&mut st);
-        let mut events = Vec::new();
-        while let Some(event) = st.agent.poll_event() {
-            let owner = Owner::of(&event);
-            match st.sinks.get(&owner).and_then(Weak::upgrade) {
-                Some(sink) => events.push((sink, event)),
-                None => {
-                    st.stats.orphan_events += 1;
-                    tracing::debug!("CM event for a gone {owner:?} dropped: {event:?}");
-                }
-            }
-        }
-        events
+        std::iter::from_fn(|| st.agent.poll_event()).collect()
     }
 }
