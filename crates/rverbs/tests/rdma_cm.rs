@@ -590,3 +590,38 @@ fn disconnecting_after_the_peer_did_succeeds() {
     expect(&cch, CmEventKind::Rejected);
     client.disconnect().expect("disconnect after a rejection");
 }
+
+/// A listener dropped with its channel while a connection request waits
+/// unread in it: the channel, the request's id and the listener all go —
+/// the requester is rejected, and the port is free again (the events in a
+/// channel hold their ids; the ids must not hold the channel).
+#[test]
+fn dropping_a_channel_with_unread_events_frees_its_ids() {
+    use std::os::fd::AsFd;
+    let p = port();
+    let ch = EventChannel::new().unwrap();
+    let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    listener.bind_addr(addr(&format!("0.0.0.0:{p}"))).unwrap();
+    listener.listen(4).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp).unwrap();
+    client
+        .resolve_addr(None, addr(&format!("127.0.0.1:{p}")))
+        .unwrap();
+    expect(&cch, CmEventKind::AddrResolved);
+    client.resolve_route().unwrap();
+    expect(&cch, CmEventKind::RouteResolved);
+    let c = side(&client, QpType::Rc);
+    client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
+    // The request is waiting in the listener's channel, unread.
+    let mut fds = [nix::poll::PollFd::new(ch.as_fd(), nix::poll::PollFlags::POLLIN)];
+    assert_eq!(nix::poll::poll(&mut fds, 20_000u16).unwrap(), 1);
+    drop(listener);
+    drop(ch);
+    let ev = expect(&cch, CmEventKind::Rejected);
+    assert_eq!(ev.status, 28, "{ev:?}");
+    let again_ch = EventChannel::new().unwrap();
+    let again = CmId::new(&again_ch, PortSpace::Tcp).unwrap();
+    again.bind_addr(addr(&format!("0.0.0.0:{p}"))).unwrap();
+    again.listen(4).expect("the port is free again");
+}

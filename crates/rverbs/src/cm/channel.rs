@@ -152,6 +152,22 @@ impl ChannelCore {
         q.push_back(event);
     }
 
+    /// Takes the waiting events about `id` (as the id or the listener),
+    /// in order, leaving the others.
+    pub(crate) fn take_events_of(&self, id: &CmId) -> Vec<CmEvent> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let was = q.len();
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) = q
+            .drain(..)
+            .partition(|e| &e.id == id || e.listen_id.as_ref() == Some(id));
+        *q = rest;
+        if was > 0 && q.is_empty() {
+            // Non-zero while events waited: reset, as `pop` does.
+            let _ = self.ready.read();
+        }
+        mine.into()
+    }
+
     fn pop(&self) -> Option<CmEvent> {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let event = q.pop_front()?;

@@ -213,7 +213,10 @@ pub(crate) struct IdCore {
     /// The program's word for the id (the C library keeps its
     /// `rdma_cm_id` pointer here).
     user_data: std::sync::atomic::AtomicU64,
-    channel: Mutex<Arc<ChannelCore>>,
+    /// Where its events go. Weak: the program's channel handle keeps the
+    /// channel alive, not its ids (events in a channel hold their ids: a
+    /// strong link back would keep both alive for ever).
+    channel: Mutex<Weak<ChannelCore>>,
     st: Mutex<IdState>,
     me: Weak<IdCore>,
 }
@@ -300,7 +303,7 @@ impl CmId {
     /// A new id whose events go to `channel` (`rdma_create_id`).
     pub fn new(channel: &EventChannel, space: PortSpace) -> Result<CmId> {
         Ok(CmId::with_state(
-            Arc::clone(&channel.core),
+            Arc::downgrade(&channel.core),
             space,
             IdState {
                 phase: Phase::Idle,
@@ -321,7 +324,7 @@ impl CmId {
         ))
     }
 
-    fn with_state(channel: Arc<ChannelCore>, space: PortSpace, st: IdState) -> CmId {
+    fn with_state(channel: Weak<ChannelCore>, space: PortSpace, st: IdState) -> CmId {
         CmId {
             core: Arc::new_cyclic(|me| IdCore {
                 space,
@@ -430,7 +433,18 @@ impl CmId {
 
     /// Sends its future events to `channel` (`rdma_migrate_id`).
     pub fn migrate(&self, channel: &EventChannel) {
-        *self.core.channel.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&channel.core);
+        let old = std::mem::replace(
+            &mut *self.core.channel.lock().unwrap_or_else(|p| p.into_inner()),
+            Arc::downgrade(&channel.core),
+        );
+        // Its events not yet read move along, in order.
+        if let Some(old) = old.upgrade() {
+            if !Arc::ptr_eq(&old, &channel.core) {
+                for event in old.take_events_of(self) {
+                    channel.core.push(event);
+                }
+            }
+        }
     }
 
     /// Binds the id to a local address and port (`rdma_bind_addr`): the
@@ -881,13 +895,20 @@ impl IdCore {
         me
     }
 
-    fn channel(&self) -> Arc<ChannelCore> {
-        Arc::clone(&self.channel.lock().unwrap_or_else(|p| p.into_inner()))
+    fn channel_weak(&self) -> Weak<ChannelCore> {
+        self.channel.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Queues an event about `id` on the id's channel.
+    /// The id's channel, unless the program dropped it.
+    fn channel(&self) -> Option<Arc<ChannelCore>> {
+        self.channel_weak().upgrade()
+    }
+
+    /// Queues an event about `id` on the id's channel (nowhere, if the
+    /// program dropped its channel).
     fn report(&self, id: CmId, kind: CmEventKind, status: i32, param: EventParam) {
-        self.channel().push(CmEvent {
+        let Some(channel) = self.channel() else { return };
+        channel.push(CmEvent {
             id,
             listen_id: None,
             kind,
@@ -928,8 +949,13 @@ impl IdCore {
         let port = local.map_or(0, |l| l.port());
         let local = hdr.map(|h| SocketAddr::new(h.dst, port)).or(local);
         let peer_addr = hdr.map(|h| SocketAddr::new(h.src, h.src_port));
+        let Some(channel) = self.channel() else {
+            // Nobody will read the request: refuse it now.
+            let _ = service.with_agent(|a, now| a.reject(now, conn, &[]));
+            return;
+        };
         let id = CmId::with_state(
-            self.channel(),
+            Arc::downgrade(&channel),
             space,
             IdState {
                 phase: Phase::Requested,
@@ -968,7 +994,7 @@ impl IdCore {
             st.rtr = Some(Rtr::passive(&req, st.local_psn, port_mtu, peer));
             st.req = Some(req);
         }
-        self.channel().push(CmEvent {
+        channel.push(CmEvent {
             id,
             listen_id: Some(listener),
             kind: CmEventKind::ConnectRequest,
