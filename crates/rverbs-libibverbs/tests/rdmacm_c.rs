@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 mod common;
 
 /// A directory with both drop-ins under their SONAMEs.
-fn lib_dir() -> PathBuf {
+fn lib_dir(tag: &str) -> PathBuf {
     let ibverbs = common::library();
     let rdmacm = ibverbs.with_file_name("librdmacm.so");
     assert!(
@@ -16,7 +16,7 @@ fn lib_dir() -> PathBuf {
         "{} is missing: run `cargo build -p rverbs-librdmacm` first",
         rdmacm.display()
     );
-    let dir = std::env::temp_dir().join(format!("rverbs-rdmacm-c-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rverbs-rdmacm-c-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::os::unix::fs::symlink(&ibverbs, dir.join("libibverbs.so.1")).unwrap();
@@ -24,28 +24,29 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
-#[test]
-fn librdmacm_semantics() {
+/// Compiles `tests/c/NAME.c` against Debian's rdma_cma.h with `flags`
+/// into `dir`; `None` (after the CI check) without the header.
+fn compile(dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
     if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
         assert!(
             std::env::var_os("CI").is_none(),
             "librdmacm-dev is needed in CI"
         );
         eprintln!("skipped: needs librdmacm-dev");
-        return;
+        return None;
     }
-    let dir = lib_dir();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-    let exe = dir.join("rdmacm_semantics");
+    let exe = dir.join(name);
     let out = std::process::Command::new("cc")
-        .arg("-O0")
+        .args(flags)
         .arg("-I")
         .arg(&src)
         .arg("-o")
         .arg(&exe)
-        .arg(src.join("rdmacm_semantics.c"))
+        .arg(src.join(format!("{name}.c")))
         .arg("-lrdmacm")
         .arg("-libverbs")
+        .arg("-lpthread")
         .output()
         .unwrap();
     assert!(
@@ -53,8 +54,35 @@ fn librdmacm_semantics() {
         "cc: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    Some(exe)
+}
+
+#[test]
+fn librdmacm_semantics() {
+    let dir = lib_dir("semantics");
+    let Some(exe) = compile(&dir, "rdmacm_semantics", &["-O0"]) else {
+        return;
+    };
     let port = (22_000 + std::process::id() % 20_000).to_string();
     let (ok, text) = common::run_program(&exe, &[&port], &dir, &[]);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(ok && text.contains("ok"), "{text}");
+}
+
+/// `rdma_destroy_id` waits for the id's events to be acknowledged, so an
+/// event thread may read `event->id` until its ack (AddressSanitizer
+/// catches a use after free).
+#[test]
+fn destroy_waits_for_the_ids_events() {
+    let dir = lib_dir("destroy");
+    let Some(exe) = compile(
+        &dir,
+        "rdmacm_destroy_race",
+        &["-O1", "-g", "-fsanitize=address"],
+    ) else {
+        return;
+    };
+    let (ok, text) = common::run_program(&exe, &[], &dir, &[("ASAN_OPTIONS", "detect_leaks=0")]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok && text.contains("done"), "{text}");
 }

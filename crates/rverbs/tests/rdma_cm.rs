@@ -614,7 +614,10 @@ fn dropping_a_channel_with_unread_events_frees_its_ids() {
     let c = side(&client, QpType::Rc);
     client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
     // The request is waiting in the listener's channel, unread.
-    let mut fds = [nix::poll::PollFd::new(ch.as_fd(), nix::poll::PollFlags::POLLIN)];
+    let mut fds = [nix::poll::PollFd::new(
+        ch.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
     assert_eq!(nix::poll::poll(&mut fds, 20_000u16).unwrap(), 1);
     drop(listener);
     drop(ch);

@@ -21,7 +21,7 @@ use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::ptr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t, AF_INET, AF_INET6};
 use rverbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventParam, PortSpace};
@@ -88,7 +88,17 @@ pub(crate) struct Id {
     /// The groups joined, with the context each join gave (MULTICAST_JOIN
     /// hands it back in `param.ud.private_data`, as librdmacm does).
     pub(crate) joins: Vec<(std::net::IpAddr, usize)>,
+    /// Events reported that name this id (as the id or the listener) and
+    /// are not acknowledged yet: `rdma_destroy_id` waits for them, as
+    /// librdmacm's does, so no event points at a freed id.
+    pending: Mutex<u32>,
+    acked: Condvar,
 }
+
+/// Held while an event's ids are resolved from their Rust ids and while
+/// an id stops being resolvable (`rdma_destroy_id`): an event never picks
+/// up an id being freed.
+static RESOLVING: Mutex<()> = Mutex::new(());
 
 /// An event as C sees it, with what its pointers point at.
 #[repr(C)]
@@ -97,6 +107,24 @@ struct Event {
     private_data: Vec<u8>,
     /// The Rust event (its ids stay alive until the ack).
     _rust: CmEvent,
+    /// The C ids it counts against (its id, and its listener's).
+    holders: [*mut Id; 2],
+}
+
+impl Drop for Event {
+    /// Acknowledged: its ids may be destroyed once all theirs are.
+    fn drop(&mut self) {
+        for &h in self.holders.iter().filter(|h| !h.is_null()) {
+            // SAFETY: an id counted by this event is not freed before the
+            // count drops to zero (rdma_destroy_id waits for it).
+            let w = unsafe { &*h };
+            let mut n = lock(&w.pending);
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                w.acked.notify_all();
+            }
+        }
+    }
 }
 
 /// `rdma_getaddrinfo`'s answer, with its addresses.
@@ -213,6 +241,8 @@ impl Id {
             ep_attr: None,
             own_cqs: false,
             joins: Vec::new(),
+            pending: Mutex::new(0),
+            acked: Condvar::new(),
         }));
         // SAFETY: just allocated.
         let w = unsafe { &mut *id };
@@ -342,16 +372,32 @@ fn c_id(id: &CmId, listen: Option<&Id>) -> *mut Id {
 
 /// A Rust event as a C one (NULL: its id is gone; the event is dropped).
 fn to_c_event(ev: CmEvent) -> *mut rdma_cm_event {
-    let listen = ev.listen_id.as_ref().map(|l| l.user_data() as *mut Id);
-    // SAFETY: listener wrappers live until rdma_destroy_id.
+    let resolving = lock(&RESOLVING);
+    let listen = ev
+        .listen_id
+        .as_ref()
+        .map(|l| l.user_data() as *mut Id)
+        .filter(|l| !l.is_null());
+    if ev.listen_id.is_some() && listen.is_none() {
+        // The listener was destroyed: nobody takes its requests.
+        return ptr::null_mut();
+    }
+    // SAFETY: a listener whose id resolves is not freed while RESOLVING
+    // is held.
     let listen_w = listen.and_then(|l| unsafe { l.as_ref() });
     let id = c_id(&ev.id, listen_w);
     if id.is_null() {
         return ptr::null_mut();
     }
-    // SAFETY: a live wrapper.
+    let holders = [id, listen.unwrap_or(ptr::null_mut())];
+    for &h in holders.iter().filter(|h| !h.is_null()) {
+        // SAFETY: resolved under RESOLVING: alive.
+        *lock(unsafe { &(*h).pending }) += 1;
+    }
+    // SAFETY: a live wrapper (counted now: not freed before the ack).
     let w = unsafe { &mut *id };
     w.sync_fields();
+    drop(resolving);
     // SAFETY: all-zero is a valid event.
     let mut c: rdma_cm_event = unsafe { zeroed() };
     c.id = id.cast();
@@ -367,6 +413,7 @@ fn to_c_event(ev: CmEvent) -> *mut rdma_cm_event {
         c,
         private_data,
         _rust: ev.clone(),
+        holders,
     });
     let data = if boxed.private_data.is_empty() {
         ptr::null()
@@ -584,17 +631,28 @@ pub(crate) unsafe extern "C" fn rdma_create_id(
 }
 
 /// `rdma_destroy_id`: tears its connection down (REJ or DREQ, as its
-/// state asks) and frees it. Its QP, if any, is the program's to destroy.
+/// state asks) and frees it, once every event reported for it is
+/// acknowledged (it waits for them, as librdmacm's does). Its QP, if any,
+/// is the program's to destroy.
 pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     guard(-1, || {
-        if id.is_null() {
-            return neg(libc::EINVAL);
-        }
         // SAFETY: an id from rdma_create_id (or an event), destroyed once.
-        let mut w = unsafe { Box::from_raw(id.cast::<Id>()) };
+        let Some(w) = (unsafe { id_ref(id) }) else {
+            return neg(libc::EINVAL);
+        };
+        {
+            // No event resolves to it from now on.
+            let _resolving = lock(&RESOLVING);
+            w.rust.set_user_data(0);
+        }
         w.ack_held();
-        w.rust.set_user_data(0);
-        drop(w);
+        let mut n = lock(&w.pending);
+        while *n > 0 {
+            n = w.acked.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(n);
+        // SAFETY: as above; nothing refers to it any more.
+        drop(unsafe { Box::from_raw(id.cast::<Id>()) });
         0
     })
 }

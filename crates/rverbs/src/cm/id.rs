@@ -896,7 +896,10 @@ impl IdCore {
     }
 
     fn channel_weak(&self) -> Weak<ChannelCore> {
-        self.channel.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The id's channel, unless the program dropped it.
@@ -907,7 +910,9 @@ impl IdCore {
     /// Queues an event about `id` on the id's channel (nowhere, if the
     /// program dropped its channel).
     fn report(&self, id: CmId, kind: CmEventKind, status: i32, param: EventParam) {
-        let Some(channel) = self.channel() else { return };
+        let Some(channel) = self.channel() else {
+            return;
+        };
         channel.push(CmEvent {
             id,
             listen_id: None,
