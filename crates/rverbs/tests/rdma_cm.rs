@@ -320,7 +320,12 @@ fn ud_ids_resolve_the_peers_qp_and_datagrams_flow() {
     let c = side(&client, QpType::Ud);
     client.connect(Some(&c.qp), &with_data(b"sidr")).unwrap();
     let req = expect(&sch, CmEventKind::ConnectRequest);
-    assert!(conn_param(&req).private_data.starts_with(b"sidr"));
+    let EventParam::Ud(asked) = &req.param else {
+        panic!("a UD request carries UD parameters: {req:?}");
+    };
+    // A SIDR_REQ's room after rdma_cm's header: 216 − 36 bytes.
+    assert_eq!(asked.private_data.len(), 180);
+    assert!(asked.private_data.starts_with(b"sidr"));
     let s = side(&req.id, QpType::Ud);
     s.qp.post_recv(&RecvWr::new(3, &[sge(&s.mr, 0, 40 + 64)]))
         .unwrap();

@@ -309,9 +309,10 @@ impl Id {
         self.own_channel.is_some()
     }
 
-    /// A synchronous id: waits for the event its last call leads to,
-    /// leaves it in `id->event`; a failure event is -1 with errno.
-    fn complete(&mut self, want: CmEventKind) -> c_int {
+    /// A synchronous id: waits for the event its last call leads to and
+    /// leaves it in `id->event`; its status says how the call ends (-1
+    /// with errno for a failure), as librdmacm's `ucma_complete`.
+    fn complete(&mut self) -> c_int {
         if !self.is_sync() {
             return 0;
         }
@@ -330,15 +331,14 @@ impl Id {
             return neg(libc::EIO);
         }
         self.c.event = c.cast();
-        if kind == want {
-            return 0;
+        // As librdmacm's ucma_complete: the event's status decides (a
+        // connect without a QP completes with CONNECT_RESPONSE, status 0).
+        match (kind, status) {
+            (CmEventKind::Rejected, _) => neg(libc::ECONNREFUSED),
+            (_, 0) => 0,
+            (_, s) if s < 0 => neg(-s),
+            (_, s) => neg(s),
         }
-        neg(match kind {
-            CmEventKind::Rejected => libc::ECONNREFUSED,
-            CmEventKind::Unreachable => libc::ETIMEDOUT,
-            _ if status < 0 => -status,
-            _ => libc::EIO,
-        })
     }
 
     /// Acknowledges the event a synchronous call left.
@@ -471,7 +471,14 @@ fn to_c_event(ev: CmEvent) -> *mut rdma_cm_event {
 fn rust_conn_param(p: *const rdma_conn_param) -> ConnParam {
     // SAFETY: the caller passes a readable rdma_conn_param, or NULL.
     let Some(p) = (unsafe { p.as_ref() }) else {
-        return ConnParam::default();
+        // librdmacm's defaults: the most READs/atomics each way, 7 retries.
+        return ConnParam {
+            responder_resources: ConnParam::MAX,
+            initiator_depth: ConnParam::MAX,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        };
     };
     let private_data = if p.private_data.is_null() || p.private_data_len == 0 {
         Vec::new()
@@ -657,18 +664,40 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
-/// `rdma_migrate_id`: the id's events go to `channel` from now on.
+/// `rdma_migrate_id`: the id's events — those waiting too — go to
+/// `channel` from now on; without a channel the id becomes synchronous (a
+/// channel of its own), and a synchronous id given one becomes
+/// asynchronous, as in librdmacm.
 pub(crate) unsafe extern "C" fn rdma_migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
 ) -> c_int {
     guard(-1, || {
-        // SAFETY: the program's id and channel, or NULL.
-        let (Some(w), Some(ch)) = (unsafe { id_ref(id) }, unsafe { channel_ref(channel) }) else {
+        // SAFETY: the program's id, or NULL.
+        let Some(w) = (unsafe { id_ref(id) }) else {
+            return neg(libc::EINVAL);
+        };
+        w.ack_held();
+        if channel.is_null() {
+            let rust = match EventChannel::new() {
+                Ok(c) => c,
+                Err(e) => return neg(errno_of(&e)),
+            };
+            // SAFETY: just made; owned by the id from now.
+            let own = unsafe { Box::from_raw(new_channel(rust)) };
+            w.rust.migrate(&own.rust);
+            w.c.channel = ptr::from_ref(&own.c).cast_mut();
+            w.own_channel = Some(own);
+            return 0;
+        }
+        // SAFETY: the program's channel.
+        let Some(ch) = (unsafe { channel_ref(channel) }) else {
             return neg(libc::EINVAL);
         };
         w.rust.migrate(&ch.rust);
         w.c.channel = channel;
+        // Its own channel (if it was synchronous) goes, emptied.
+        w.own_channel = None;
         0
     })
 }
@@ -705,7 +734,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_addr(
             return neg(errno_of(&e));
         }
         w.sync_fields();
-        w.complete(CmEventKind::AddrResolved)
+        w.complete()
     })
 }
 
@@ -724,7 +753,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_route(
             return neg(errno_of(&e));
         }
         w.sync_fields();
-        w.complete(CmEventKind::RouteResolved)
+        w.complete()
     })
 }
 
@@ -1011,11 +1040,16 @@ pub(crate) unsafe extern "C" fn rdma_connect(
         let Some(w) = (unsafe { id_ref(id) }) else {
             return neg(libc::EINVAL);
         };
+        // As librdmacm: an RC id with neither a QP nor parameters has no
+        // QP number to offer.
+        if conn_param.is_null() && w.c.qp.is_null() && w.c.ps == RDMA_PS_TCP {
+            return neg(libc::EINVAL);
+        }
         let param = rust_conn_param(conn_param);
         if let Err(e) = w.rust.connect(id_qp(w), &param) {
             return neg(errno_of(&e));
         }
-        w.complete(CmEventKind::Established)
+        w.complete()
     })
 }
 
@@ -1100,6 +1134,11 @@ pub(crate) unsafe extern "C" fn rdma_accept(
         let Some(w) = (unsafe { id_ref(id) }) else {
             return neg(libc::EINVAL);
         };
+        // As librdmacm: an RC id with neither a QP nor parameters has no
+        // QP number to offer.
+        if conn_param.is_null() && w.c.qp.is_null() && w.c.ps == RDMA_PS_TCP {
+            return neg(libc::EINVAL);
+        }
         let param = rust_conn_param(conn_param);
         if let Err(e) = w.rust.accept(id_qp(w), &param) {
             return neg(errno_of(&e));
@@ -1107,7 +1146,7 @@ pub(crate) unsafe extern "C" fn rdma_accept(
         if w.rust.port_space().is_ud() {
             return 0;
         }
-        w.complete(CmEventKind::Established)
+        w.complete()
     })
 }
 
@@ -1144,7 +1183,7 @@ pub(crate) unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
         if let Err(e) = w.rust.establish() {
             return neg(errno_of(&e));
         }
-        w.complete(CmEventKind::Established)
+        w.complete()
     })
 }
 

@@ -78,6 +78,10 @@ int main(int argc, char **argv)
 	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
 	CHECK(client->route.num_paths == 1 && client->route.path_rec, "a resolved route has a path");
 
+	/* Without a QP, a connect needs its parameters (the QP number). */
+	errno = 0;
+	CHECK(rdma_connect(client, NULL) == -1 && errno == EINVAL, "NULL param, no QP: errno %d", errno);
+
 	/* Private data: 56 bytes at most after rdma_cm's header. */
 	char big[57];
 	memset(big, 'x', sizeof big);
@@ -88,6 +92,11 @@ int main(int argc, char **argv)
 	CHECK(rdma_connect(client, &param) == -1 && errno == EINVAL, "57 bytes: errno %d", errno);
 	param.private_data = "0123456789";
 	param.private_data_len = 10;
+	/* RDMA_MAX_*: the device's most. */
+	param.responder_resources = RDMA_MAX_RESP_RES;
+	param.initiator_depth = RDMA_MAX_INIT_DEPTH;
+	struct ibv_device_attr dev;
+	CHECK(ibv_query_device(client->verbs, &dev) == 0, "query_device");
 	CHECK(rdma_connect(client, &param) == 0, "connect: %s", strerror(errno));
 
 	ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
@@ -98,6 +107,11 @@ int main(int argc, char **argv)
 		CHECK(ev->param.conn.private_data_len == 56, "len %d", ev->param.conn.private_data_len);
 		CHECK(memcmp(ev->param.conn.private_data, "0123456789", 10) == 0, "the data");
 		CHECK(ev->param.conn.qp_num == 0x42, "the peer's QP");
+		CHECK(ev->param.conn.responder_resources == dev.max_qp_rd_atom &&
+		      ev->param.conn.initiator_depth == dev.max_qp_rd_atom,
+		      "RDMA_MAX_* offered the device's most: %d %d (max %d)",
+		      ev->param.conn.responder_resources, ev->param.conn.initiator_depth,
+		      dev.max_qp_rd_atom);
 		struct rdma_cm_id *req = ev->id;
 		rdma_ack_cm_event(ev);
 		CHECK(rdma_reject(req, "nope", 4) == 0, "reject: %s", strerror(errno));
@@ -125,6 +139,22 @@ int main(int argc, char **argv)
 	ev = next(ch, RDMA_CM_EVENT_REJECTED);
 	CHECK(ev && ev->status == 8, "invalid service ID: %d", ev ? ev->status : -1);
 	rdma_ack_cm_event(ev);
+
+	/* A synchronous id (no channel) migrated to a channel is asynchronous:
+	 * its next event comes there. */
+	struct rdma_cm_id *sync_id;
+	CHECK(rdma_create_id(NULL, &sync_id, NULL, RDMA_PS_TCP) == 0, "create_id(NULL)");
+	CHECK(rdma_resolve_addr(sync_id, NULL, (struct sockaddr *)&none, 2000) == 0,
+	      "synchronous resolve_addr: %s", strerror(errno));
+	CHECK(sync_id->event && sync_id->event->event == RDMA_CM_EVENT_ADDR_RESOLVED,
+	      "the synchronous call left its event");
+	CHECK(rdma_migrate_id(sync_id, ch) == 0, "migrate: %s", strerror(errno));
+	CHECK(sync_id->channel == ch && sync_id->event == NULL, "migrated");
+	CHECK(rdma_resolve_route(sync_id, 2000) == 0, "resolve_route: %s", strerror(errno));
+	ev = next(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	CHECK(ev && ev->id == sync_id, "the route event came to the channel");
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_destroy_id(sync_id) == 0, "destroy");
 
 	/* The device list. */
 	int n = -1;

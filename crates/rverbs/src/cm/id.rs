@@ -137,6 +137,14 @@ pub struct ConnParam {
     pub qp_num: u32,
 }
 
+impl ConnParam {
+    /// `responder_resources` or `initiator_depth` at this value asks for
+    /// the most (`RDMA_MAX_RESP_RES`, `RDMA_MAX_INIT_DEPTH`): the device's
+    /// on a connect, what the request offered (within the device's) on an
+    /// accept.
+    pub const MAX: u8 = 0xff;
+}
+
 impl Default for ConnParam {
     /// What rping offers: one READ each way, 7 retries, RNR retries for ever.
     fn default() -> Self {
@@ -665,8 +673,9 @@ impl CmId {
                 st.local_psn,
             );
             p.transport = transport;
-            p.responder_resources = param.responder_resources;
-            p.initiator_depth = param.initiator_depth;
+            let max = device.core.attr.max_qp_rd_atom;
+            p.responder_resources = depth(verb, param.responder_resources, max, max)?;
+            p.initiator_depth = depth(verb, param.initiator_depth, max, max)?;
             p.retry_count = param.retry_count.min(7);
             p.rnr_retry_count = param.rnr_retry_count.min(7);
             p.path_mtu = device.core.port.active_mtu;
@@ -725,9 +734,16 @@ impl CmId {
             st.phase = Phase::Established;
             return Ok(());
         }
+        let max = st.device.as_ref().map_or(0, |d| d.core.attr.max_qp_rd_atom);
+        // RDMA_MAX_*: what the request offered, as far as the device goes.
+        let (offered_rr, offered_id) = st.rtr.map_or((max, max), |r| {
+            (u32::from(r.max_dest_rd_atomic), u32::from(r.max_rd_atomic))
+        });
+        let responder_resources = depth(verb, param.responder_resources, offered_rr.min(max), max)?;
+        let initiator_depth = depth(verb, param.initiator_depth, offered_id.min(max), max)?;
         if let Some(rtr) = st.rtr.as_mut() {
-            rtr.max_dest_rd_atomic = param.responder_resources;
-            rtr.max_rd_atomic = param.initiator_depth;
+            rtr.max_dest_rd_atomic = responder_resources;
+            rtr.max_rd_atomic = initiator_depth;
         }
         if let Some(qp) = qp {
             prepare_qp(verb, qp, self.core.space)?;
@@ -741,8 +757,8 @@ impl CmId {
         let accept = AcceptParams {
             local_qpn: qp_num,
             starting_psn: st.local_psn,
-            responder_resources: param.responder_resources,
-            initiator_depth: param.initiator_depth,
+            responder_resources,
+            initiator_depth,
             rnr_retry_count: param.rnr_retry_count.min(7),
             target_ack_delay: TARGET_ACK_DELAY,
             srq,
@@ -928,12 +944,21 @@ impl IdCore {
     }
 
     /// A connection request on this listener: a new id for it, reported.
-    fn on_request(&self, service: &CmService, conn: ConnId, peer: Gid, req: Box<Req>) {
+    /// A connection request (or, `sidr` given, a UD resolution request with
+    /// its private data) on this listener: a new id for it, reported.
+    fn on_request(
+        &self,
+        service: &CmService,
+        conn: ConnId,
+        peer: Gid,
+        req: Box<Req>,
+        sidr: Option<&[u8]>,
+    ) {
         let Some(listener) = self.handle() else {
             return;
         };
         let space = self.space;
-        let pd = req.private_data.as_slice();
+        let pd = sidr.unwrap_or(req.private_data.as_slice());
         let (hdr, user) = if space.has_ip_header() {
             let hdr = pd
                 .get(..IP_CM_HDR)
@@ -980,15 +1005,23 @@ impl IdCore {
             },
         );
         service.set_sink(Owner::Conn(conn), id.core.sink());
-        let param = ConnEventParam {
-            private_data: user.to_vec(),
-            responder_resources: req.initiator_depth,
-            initiator_depth: req.responder_resources,
-            flow_control: req.flow_control,
-            retry_count: req.retry_count,
-            rnr_retry_count: req.rnr_retry_count,
-            srq: req.srq,
-            qp_num: req.local_qpn,
+        let param = match sidr {
+            Some(_) => EventParam::Ud(UdParam {
+                private_data: user.to_vec(),
+                remote_gid: peer,
+                qp_num: 0,
+                qkey: 0,
+            }),
+            None => EventParam::Conn(ConnEventParam {
+                private_data: user.to_vec(),
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                flow_control: req.flow_control,
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+                srq: req.srq,
+                qp_num: req.local_qpn,
+            }),
         };
         {
             let mut st = id.core.lock();
@@ -1004,7 +1037,7 @@ impl IdCore {
             listen_id: Some(listener),
             kind: CmEventKind::ConnectRequest,
             status: 0,
-            param: EventParam::Conn(param),
+            param,
             peer: peer_addr,
         });
     }
@@ -1076,7 +1109,7 @@ impl CmSink for IdCore {
             AgentEvent::ConnectRequest {
                 conn, peer, req, ..
             } => {
-                self.on_request(service, conn, peer, req);
+                self.on_request(service, conn, peer, req, None);
             }
             AgentEvent::SidrRequest {
                 conn,
@@ -1084,8 +1117,8 @@ impl CmSink for IdCore {
                 private_data,
                 ..
             } => {
-                let req = Box::new(sidr_as_req(private_data.as_slice()));
-                self.on_request(service, conn, peer, req);
+                let req = Box::new(sidr_as_req());
+                self.on_request(service, conn, peer, req, Some(private_data.as_slice()));
             }
             AgentEvent::ConnectResponse { conn, response } => {
                 self.on_response(service, conn, &response);
@@ -1190,9 +1223,9 @@ impl Drop for IdCore {
     }
 }
 
-/// A SIDR_REQ's private data as the fields of a request (UD ids report
-/// requests as connections do).
-fn sidr_as_req(private_data: &[u8]) -> Req {
+/// The request fields a UD resolution request has none of (its private
+/// data goes apart, at its own room).
+fn sidr_as_req() -> Req {
     use crate::soft::cm::msg::{CmBytes, PathInfo};
     Req {
         tid: 0,
@@ -1223,7 +1256,7 @@ fn sidr_as_req(private_data: &[u8]) -> Req {
             sl: 0,
             local_ack_timeout: 0,
         },
-        private_data: CmBytes::new(&private_data[..private_data.len().min(92)]).unwrap_or_default(),
+        private_data: CmBytes::empty(),
     }
 }
 
@@ -1237,6 +1270,22 @@ fn resolve_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> 
         Some(ip) => Target::Device(ip),
         None => Target::NoListener,
     })
+}
+
+/// A READ/atomic depth a connect or accept offers: [`ConnParam::MAX`]
+/// means `or_max` (the device's most, or what the request offered);
+/// above the device's most `max` is EINVAL, as librdmacm checks.
+fn depth(verb: Verb, asked: u8, or_max: u32, max: u32) -> Result<u8> {
+    if asked == ConnParam::MAX {
+        return Ok(u8::try_from(or_max).unwrap_or(u8::MAX - 1));
+    }
+    if u32::from(asked) > max {
+        return Err(einval(
+            verb,
+            format!("{asked} outstanding READs/atomics asked; the device takes at most {max}"),
+        ));
+    }
+    Ok(asked)
 }
 
 /// The flow label the kernel's rdma_cm gives a RoCEv2 connection's path,
