@@ -284,12 +284,7 @@ impl Id {
             self.path.sgid = unsafe { self.c.route.addr.addr.ibaddr.sgid };
             self.path.pkey = 0xffff_u16.to_be();
             self.path.hop_limit = 64;
-            self.path.mtu = self
-                .rust
-                .device()
-                .and_then(|d| d.open().ok())
-                .and_then(|c| c.query_port(1).ok())
-                .map_or(3, |p| p.active_mtu as u8);
+            self.path.mtu = self.rust.path_mtu().map_or(3, |m| m as u8);
             self.path.packet_life_time = 16;
             self.path.reversible = 1;
             self.path.numb_path = 1;
@@ -1081,21 +1076,28 @@ pub(crate) unsafe extern "C" fn rdma_get_request(
         if !l.is_sync() || id.is_null() {
             return neg(libc::EINVAL);
         }
+        l.ack_held();
         let Some(ch) = l.channel() else {
             return neg(libc::EINVAL);
         };
-        let ev = loop {
-            let ev = match ch.rust.get_event() {
-                Ok(ev) => ev,
-                Err(e) => return neg(errno_of(&e)),
-            };
-            if ev.kind == CmEventKind::ConnectRequest {
-                break ev;
-            }
+        let ev = match ch.rust.get_event() {
+            Ok(ev) => ev,
+            Err(e) => return neg(errno_of(&e)),
         };
+        let (kind, status) = (ev.kind, ev.status);
         let c = to_c_event(ev);
         if c.is_null() {
             return neg(libc::EIO);
+        }
+        // As librdmacm: anything but a request stays in `listen->event`
+        // and fails the call.
+        if kind != CmEventKind::ConnectRequest || status != 0 {
+            l.c.event = c;
+            return neg(match (kind, status) {
+                (CmEventKind::Rejected, _) => libc::ECONNREFUSED,
+                (_, s) if s < 0 => -s,
+                _ => libc::EINVAL,
+            });
         }
         // SAFETY: an event just made; its id is the new id's wrapper.
         let new = unsafe { (*c).id };

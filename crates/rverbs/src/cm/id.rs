@@ -369,6 +369,15 @@ impl CmId {
         self.core.lock().device.clone()
     }
 
+    /// The path MTU its connections use: its device's port's active MTU.
+    pub fn path_mtu(&self) -> Option<Mtu> {
+        self.core
+            .lock()
+            .device
+            .as_ref()
+            .map(|d| d.core.port.active_mtu)
+    }
+
     /// Its local address and port.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.core.lock().local

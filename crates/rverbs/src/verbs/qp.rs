@@ -267,6 +267,13 @@ impl QueuePair {
         let core = &self.core;
         let dev = &core.ctx.device;
         dev.check_alive(verb)?;
+        if core.is_released() {
+            // Only a view (the connection manager's) outlives its QP.
+            return Err(Error::invalid(
+                verb,
+                format!("QP {:#x} was destroyed", core.qpn),
+            ));
+        }
         let from = self.state();
         if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
             return Err(Error::invalid(
