@@ -810,8 +810,8 @@ pub(crate) unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
 
 /// `rdma_set_option`: rverbs takes the options rdma_cm programs set and
 /// lets them change nothing that matters here (type of service, address
-/// reuse, IPv6-only, ACK timeout); IB path records: ENOSYS... EINVAL for
-/// what librdmacm refuses.
+/// reuse, IPv6-only, ACK timeout); others (IB path records among them)
+/// are ENOSYS, as the kernel's rdma_cm answers options it does not know.
 pub(crate) unsafe extern "C" fn rdma_set_option(
     id: *mut rdma_cm_id,
     level: c_int,
@@ -830,8 +830,8 @@ pub(crate) unsafe extern "C" fn rdma_set_option(
             | (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR)
             | (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY)
             | (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => 0,
-            (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => neg(libc::ENOSYS),
-            _ => neg(libc::EINVAL),
+            // Unknown options: what the kernel's rdma_cm answers.
+            _ => neg(libc::ENOSYS),
         }
     })
 }
@@ -1198,7 +1198,8 @@ pub(crate) unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, event: ibv_even
             return neg(libc::EINVAL);
         };
         if event != IBV_EVENT_COMM_EST {
-            return 0;
+            // The only event rdma_notify takes (the kernel's EINVAL).
+            return neg(libc::EINVAL);
         }
         let _ = w.rust.establish();
         0
