@@ -340,7 +340,18 @@ fn ud_ids_resolve_the_peers_qp_and_datagrams_flow() {
     );
     assert!(ud.private_data.starts_with(b"here"));
     // A datagram to the QP the SIDR named.
-    let ah = c
+    send_datagram(&c, ud, b"datagram");
+    let got = wait(&s.cq, 1, "UD receive");
+    assert_eq!(
+        (got[0].status, got[0].byte_len),
+        (WcStatus::Success, 40 + 8)
+    );
+}
+
+/// Sends `payload` from `from`'s UD QP where `ud` (an event's UD
+/// parameters) says: its GID, QP number and Q_Key.
+fn send_datagram(from: &Side, ud: &rverbs::cm::UdParam, payload: &[u8]) {
+    let ah = from
         ._pd
         .create_ah(&AhAttr {
             dgid: ud.remote_gid,
@@ -348,20 +359,15 @@ fn ud_ids_resolve_the_peers_qp_and_datagrams_flow() {
             ..AhAttr::default()
         })
         .unwrap();
-    c.mr.write_at(0, b"datagram").unwrap();
-    let sges = [sge(&c.mr, 0, 8)];
+    from.mr.write_at(0, payload).unwrap();
+    let sges = [sge(&from.mr, 0, payload.len() as u32)];
     let mut wr = SendWr::new(4, WrOpcode::Send, &sges).signaled();
     wr.ud = Some(UdAddress {
         ah: &ah,
         remote_qpn: ud.qp_num,
         remote_qkey: ud.qkey,
     });
-    c.qp.post_send(&wr).unwrap();
-    let got = wait(&s.cq, 1, "UD receive");
-    assert_eq!(
-        (got[0].status, got[0].byte_len),
-        (WcStatus::Success, 40 + 8)
-    );
+    from.qp.post_send(&wr).unwrap();
 }
 
 #[test]
@@ -394,23 +400,7 @@ fn multicast_join_attaches_the_qp_and_says_how_to_send() {
     let EventParam::Ud(ud) = &ev.param else {
         panic!("no UD parameters: {ev:?}");
     };
-    let ah = tx
-        ._pd
-        .create_ah(&AhAttr {
-            dgid: ud.remote_gid,
-            port_num: 1,
-            ..AhAttr::default()
-        })
-        .unwrap();
-    tx.mr.write_at(0, b"to the group").unwrap();
-    let sges = [sge(&tx.mr, 0, 12)];
-    let mut wr = SendWr::new(6, WrOpcode::Send, &sges).signaled();
-    wr.ud = Some(UdAddress {
-        ah: &ah,
-        remote_qpn: ud.qp_num,
-        remote_qkey: ud.qkey,
-    });
-    tx.qp.post_send(&wr).unwrap();
+    send_datagram(&tx, ud, b"to the group");
     let got = wait(&rx.cq, 1, "multicast receive");
     assert_eq!(
         (got[0].status, got[0].byte_len),

@@ -186,7 +186,8 @@ impl<T> EventQueue<T> {
         }
     }
 
-    /// Takes the doorbell byte. `Ok(false)`: none came within `wait`.
+    /// Takes the doorbell byte. `Ok(false)`: none came within `wait`; a
+    /// blocking wait interrupted by a signal is `Os(EINTR)`.
     fn take_doorbell(&self, wait: Wait) -> Result<bool, PopError> {
         let fd = self.reader.as_raw_fd();
         let mut b = [0u8; 1];
@@ -197,6 +198,11 @@ impl<T> EventQueue<T> {
         loop {
             let deadline = match (recv(fd, &mut b, flags), wait) {
                 (Ok(_), _) => return Ok(true),
+                // A blocking wait a signal interrupts says so, as a
+                // read(2) of the kernel's channel fd does (only a handler
+                // without SA_RESTART lets the call see it): a program's
+                // timer can end its wait (qperf's end-of-test alarm).
+                (Err(Errno::EINTR), Wait::Block) => return Err(PopError::Os(Errno::EINTR)),
                 (Err(Errno::EINTR), _) => continue,
                 (Err(Errno::EAGAIN), Wait::Block) => return Err(PopError::WouldBlock),
                 (Err(Errno::EAGAIN), Wait::Poll) => return Ok(false),
