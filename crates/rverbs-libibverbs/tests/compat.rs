@@ -990,7 +990,7 @@ fn fi_info_lists_the_device() {
 /// libfabric's verbs provider over its MSG endpoint (rdma_cm connects the
 /// endpoints): `fi_pingpong -p verbs -e msg`, every size of its sweep,
 /// both sides' figures printed. (Its RDM endpoint, RxM over MSG, does not
-/// work yet: the MSG CQ RxM opens is refused.)
+/// work yet: its `fi_av_insert` takes none of the peer's addresses.)
 #[test]
 fn fi_pingpong_over_the_verbs_msg_endpoint() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());

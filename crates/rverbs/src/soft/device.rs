@@ -74,7 +74,10 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         max_sge: 32,
         max_sge_rd: 32,
         max_cq: 16 * 1024,
-        max_cqe: 64 * 1024 - 1,
+        // As a ConnectX's (2^22 - 1): a CQ's entries take memory only as
+        // completions wait in it, and libfabric's RxM sizes its CQs from
+        // max_qp_wr (16 × 16,384 = 262,144 entries).
+        max_cqe: (1 << 22) - 1,
         max_mr: 64 * 1024,
         max_pd: 64 * 1024,
         max_qp_rd_atom: MAX_QP_RD_ATOM,
