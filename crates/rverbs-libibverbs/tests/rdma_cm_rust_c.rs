@@ -23,37 +23,6 @@ mod common;
 const MESSAGE: u32 = 100;
 const EVENT_WAIT: Duration = Duration::from_secs(12);
 
-/// A directory with both drop-ins under their SONAMEs.
-struct Libs(PathBuf);
-
-impl Libs {
-    fn new() -> Libs {
-        let ibverbs = common::library();
-        let rdmacm = ibverbs.with_file_name("librdmacm.so");
-        assert!(
-            rdmacm.exists(),
-            "{} is missing: run `cargo build -p rverbs-librdmacm` first",
-            rdmacm.display()
-        );
-        let dir = std::env::temp_dir().join(format!(
-            "rverbs-cm-rust-c-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::symlink(&ibverbs, dir.join("libibverbs.so.1")).unwrap();
-        std::os::unix::fs::symlink(&rdmacm, dir.join("librdmacm.so.1")).unwrap();
-        Libs(dir)
-    }
-}
-
-impl Drop for Libs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `ucmatose` from Debian's rdmacm-utils; `None` (skipped) without it,
 /// outside CI.
 fn ucmatose() -> Option<PathBuf> {
@@ -69,7 +38,7 @@ fn ucmatose() -> Option<PathBuf> {
     None
 }
 
-fn start(libs: &Libs, args: &[&str]) -> Child {
+fn start(libs: &common::LibDir, args: &[&str]) -> Child {
     Command::new("stdbuf")
         .arg("-o0")
         .arg(ucmatose().unwrap())
@@ -199,7 +168,7 @@ fn a_rust_id_connects_to_ucmatose() {
     if ucmatose().is_none() {
         return;
     }
-    let libs = Libs::new();
+    let libs = common::LibDir::with_rdmacm("cm-rust-c");
     let p = port().to_string();
     let server = start(&libs, &["-p", &p, "-c", "1", "-C", "1"]);
     // Wait for its listener (the rendezvous has its port).
@@ -239,7 +208,7 @@ fn ucmatose_connects_to_a_rust_id() {
     if ucmatose().is_none() {
         return;
     }
-    let libs = Libs::new();
+    let libs = common::LibDir::with_rdmacm("cm-rust-c");
     let p = port() + 1;
     let ch = EventChannel::new().unwrap();
     let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();

@@ -7,23 +7,6 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-/// A directory with both drop-ins under their SONAMEs.
-fn lib_dir(tag: &str) -> PathBuf {
-    let ibverbs = common::library();
-    let rdmacm = ibverbs.with_file_name("librdmacm.so");
-    assert!(
-        rdmacm.exists(),
-        "{} is missing: run `cargo build -p rverbs-librdmacm` first",
-        rdmacm.display()
-    );
-    let dir = std::env::temp_dir().join(format!("rverbs-rdmacm-c-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::os::unix::fs::symlink(&ibverbs, dir.join("libibverbs.so.1")).unwrap();
-    std::os::unix::fs::symlink(&rdmacm, dir.join("librdmacm.so.1")).unwrap();
-    dir
-}
-
 /// Compiles `tests/c/NAME.c` against Debian's rdma_cma.h with `flags`
 /// into `dir`; `None` (after the CI check) without the header.
 fn compile(dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
@@ -59,13 +42,12 @@ fn compile(dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
 
 #[test]
 fn librdmacm_semantics() {
-    let dir = lib_dir("semantics");
-    let Some(exe) = compile(&dir, "rdmacm_semantics", &["-O0"]) else {
+    let dir = common::LibDir::with_rdmacm("semantics");
+    let Some(exe) = compile(&dir.0, "rdmacm_semantics", &["-O0"]) else {
         return;
     };
     let port = (22_000 + std::process::id() % 20_000).to_string();
-    let (ok, text) = common::run_program(&exe, &[&port], &dir, &[]);
-    let _ = std::fs::remove_dir_all(&dir);
+    let (ok, text) = common::run_program(&exe, &[&port], &dir.0, &[]);
     assert!(ok && text.contains("ok"), "{text}");
 }
 
@@ -74,15 +56,14 @@ fn librdmacm_semantics() {
 /// catches a use after free).
 #[test]
 fn destroy_waits_for_the_ids_events() {
-    let dir = lib_dir("destroy");
+    let dir = common::LibDir::with_rdmacm("destroy");
     let Some(exe) = compile(
-        &dir,
+        &dir.0,
         "rdmacm_destroy_race",
         &["-O1", "-g", "-fsanitize=address"],
     ) else {
         return;
     };
-    let (ok, text) = common::run_program(&exe, &[], &dir, &[("ASAN_OPTIONS", "detect_leaks=0")]);
-    let _ = std::fs::remove_dir_all(&dir);
+    let (ok, text) = common::run_program(&exe, &[], &dir.0, &[("ASAN_OPTIONS", "detect_leaks=0")]);
     assert!(ok && text.contains("done"), "{text}");
 }
