@@ -646,6 +646,11 @@ impl Engine {
     /// with the QP's state if the transport moved it since the transition
     /// was checked.
     pub(crate) fn modify_qp(&self, qpn: u32, change: QpChange) -> Option<Result<(), QpState>> {
+        // An ACK the QP holds back (to coalesce) leaves before the change:
+        // a QP moved to ERR sends nothing more, and its peer would see a
+        // message this side received and completed flushed instead
+        // (rdma_disconnect right after a receive).
+        self.with_slot(AckPolicy::Now, qpn, |_| ())?;
         self.with_slot(AckPolicy::Now, qpn, |slot| slot.apply(change))
     }
 
