@@ -216,6 +216,29 @@ struct IdState {
     rtr: Option<Rtr>,
 }
 
+impl IdState {
+    /// A new id's state: nothing bound, resolved or connected, a fresh
+    /// starting PSN.
+    fn new() -> IdState {
+        IdState {
+            phase: Phase::Idle,
+            device: None,
+            service: None,
+            local: None,
+            peer: None,
+            target: Target::None,
+            conn: None,
+            listen: None,
+            qp: None,
+            local_psn: random_psn(),
+            offer: None,
+            req: None,
+            established_param: EventParam::None,
+            rtr: None,
+        }
+    }
+}
+
 pub(crate) struct IdCore {
     space: PortSpace,
     /// The program's word for the id (the C library keeps its
@@ -313,22 +336,7 @@ impl CmId {
         Ok(CmId::with_state(
             Arc::downgrade(&channel.core),
             space,
-            IdState {
-                phase: Phase::Idle,
-                device: None,
-                service: None,
-                local: None,
-                peer: None,
-                target: Target::None,
-                conn: None,
-                listen: None,
-                qp: None,
-                local_psn: random_psn(),
-                offer: None,
-                req: None,
-                established_param: EventParam::None,
-                rtr: None,
-            },
+            IdState::new(),
         ))
     }
 
@@ -1004,13 +1012,7 @@ impl IdCore {
                 peer: peer_addr,
                 target: Target::Device(peer.to_ip()),
                 conn: Some(conn),
-                listen: None,
-                qp: None,
-                local_psn: random_psn(),
-                offer: None,
-                req: None,
-                established_param: EventParam::None,
-                rtr: None,
+                ..IdState::new()
             },
         );
         service.set_sink(Owner::Conn(conn), id.core.sink());
