@@ -860,7 +860,7 @@ fn perftest_cm(program: &str, args: &[&str]) {
         let raced = run.client.contains("RDMA_CM_EVENT_REJECTED; error: 8");
         let clock = run.client.contains(PERFTEST_CLOCK_FAILED)
             || run.server.contains(PERFTEST_CLOCK_FAILED);
-        if !(run.server_ok && run.client_ok) && (raced || clock) && attempt < 10 {
+        if !(run.server_ok && run.client_ok) && (raced || clock) && attempt < 25 {
             eprintln!("{program} -R {args:?}: perftest's listen race or clock; running again");
             attempt += 1;
             continue;
