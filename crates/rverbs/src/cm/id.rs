@@ -518,6 +518,16 @@ impl CmId {
         }
         st.target = resolve_target(self.core.space, dst)
             .map_err(|e| Error::from_io(verb, &e, "the local rendezvous"))?;
+        // As the kernel's rdma_cm puts the route's source in place of a
+        // wildcard: the connection comes from the device's address, and
+        // `rdma_get_local_addr` must say so (libfabric's rxm sends it to
+        // its peers as the address to connect back to).
+        if let (Some(local), Some(device)) = (st.local, &st.device) {
+            let from = device.addr();
+            if local.ip().is_unspecified() && from.is_ipv4() == dst.is_ipv4() {
+                st.local = Some(SocketAddr::new(from, local.port()));
+            }
+        }
         st.peer = Some(dst);
         st.phase = Phase::AddrResolved;
         drop(st);
