@@ -988,47 +988,56 @@ fn fi_info_lists_the_device() {
 }
 
 /// libfabric's verbs provider over its MSG endpoint (rdma_cm connects the
-/// endpoints): `fi_pingpong -p verbs -e msg`, every size of its sweep,
-/// both sides' figures printed. (Its RDM endpoint, RxM over MSG, does not
-/// work yet: its `fi_av_insert` takes none of the peer's addresses.)
+/// endpoints) and its RDM endpoint (RxM over MSG endpoints it connects
+/// on the first send, to the address the peer's `fi_getname` gave):
+/// `fi_pingpong -p verbs -e msg|rdm`, every size of its sweep, both
+/// sides' figures printed.
 #[test]
-fn fi_pingpong_over_the_verbs_msg_endpoint() {
+fn fi_pingpong_over_the_verbs_msg_and_rdm_endpoints() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let Some(exe) = tool("fi_pingpong") else {
         return;
     };
     let lib = common::LibDir::with_rdmacm("fi_pingpong");
-    // Its own out-of-band TCP port, so a stale server cannot answer.
-    let oob = (40_000 + std::process::id() % 20_000).to_string();
-    let run = |extra: &[&str]| {
-        Command::new(&exe)
-            .args(["-p", "verbs", "-e", "msg", "-I", "50"])
-            .args(extra)
-            .env("LD_LIBRARY_PATH", &lib.0)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let server = run(&["-B", &oob]);
-    // The client is refused until the server's out-of-band socket listens.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        let c = finish(run(&["-P", &oob, "127.0.0.1"]), Duration::from_secs(120));
-        let text = output_text(&c);
-        if c.status.success() || !text.contains("Connection refused") || Instant::now() > deadline {
-            break c;
+    for (k, endpoint) in ["msg", "rdm"].into_iter().enumerate() {
+        // Its own out-of-band TCP port, so a stale server cannot answer.
+        let oob = (40_000 + (std::process::id() + k as u32) % 20_000).to_string();
+        let run = |extra: &[&str]| {
+            Command::new(&exe)
+                .args(["-p", "verbs", "-e", endpoint, "-I", "50"])
+                .args(extra)
+                .env("LD_LIBRARY_PATH", &lib.0)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let server = run(&["-B", &oob]);
+        // The client is refused until the server's out-of-band socket listens.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = loop {
+            let c = finish(run(&["-P", &oob, "127.0.0.1"]), Duration::from_secs(120));
+            let text = output_text(&c);
+            if c.status.success()
+                || !text.contains("Connection refused")
+                || Instant::now() > deadline
+            {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let server = finish(server, Duration::from_secs(60));
+        for (side, o) in [("client", &client), ("server", &server)] {
+            let text = output_text(o);
+            assert!(
+                o.status.success(),
+                "fi_pingpong -e {endpoint} {side}:\n{text}"
+            );
+            // The sweep's last row: 1 MiB messages, 50 iterations.
+            assert!(
+                text.contains("1m      50"),
+                "fi_pingpong -e {endpoint} {side}: no 1m row:\n{text}"
+            );
         }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let server = finish(server, Duration::from_secs(60));
-    for (side, o) in [("client", &client), ("server", &server)] {
-        let text = output_text(o);
-        assert!(o.status.success(), "fi_pingpong {side}:\n{text}");
-        // The sweep's last row: 1 MiB messages, 50 iterations.
-        assert!(
-            text.contains("1m      50"),
-            "fi_pingpong {side}: no 1m row:\n{text}"
-        );
     }
 }

@@ -74,6 +74,18 @@ int main(int argc, char **argv)
 	CHECK(ev && ev->id == client && ev->id->context == (void *)0x5678, "the event names the id");
 	rdma_ack_cm_event(ev);
 	CHECK(ntohs(rdma_get_dst_port(client)) == port, "dst port");
+	/* The source the connection comes from, as the kernel puts the
+	 * route's source in place of the wildcard (libfabric's rxm sends this
+	 * address to its peers to connect back to). */
+	{
+		struct sockaddr_in *src = (struct sockaddr_in *)rdma_get_local_addr(client);
+		CHECK(src->sin_family == AF_INET && src->sin_addr.s_addr != htonl(INADDR_ANY) &&
+			      src->sin_port != 0,
+		      "after resolve_addr the local address is %08x:%d", ntohl(src->sin_addr.s_addr),
+		      ntohs(src->sin_port));
+		CHECK(src->sin_addr.s_addr == ((struct sockaddr_in *)&client->route.addr.src_addr)->sin_addr.s_addr,
+		      "route.addr.src_addr agrees");
+	}
 	CHECK(rdma_resolve_route(client, 2000) == 0, "resolve_route: %s", strerror(errno));
 	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
 	CHECK(client->route.num_paths == 1 && client->route.path_rec, "a resolved route has a path");

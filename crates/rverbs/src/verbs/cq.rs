@@ -120,6 +120,7 @@ impl CompletionQueue {
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let core = &self.core;
         let engine = &core.ctx.device.engine;
+        crate::soft::engine::note_poll();
         let (n, armed) = core.poll_and_arm_state(wc);
         if n > 0 || wc.is_empty() {
             // The clock is read only if a wait ends here.

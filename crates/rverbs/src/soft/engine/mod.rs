@@ -86,7 +86,7 @@ pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
-pub(crate) use park::{Parked, PollerWait};
+pub(crate) use park::{note_poll, Parked, PollerWait};
 use qpn::QpnSequence;
 use rx::Received;
 pub(crate) use slot::{
@@ -277,8 +277,6 @@ pub(crate) struct Engine {
     /// Wakes parked threads when a completion lands in a CQ (the
     /// process's, see `park`).
     bell: &'static Bell,
-    /// Pollers may park (`RVERBS_POLL_PARK=0` says no: they spin).
-    parking: bool,
 }
 
 impl Engine {
@@ -378,7 +376,6 @@ impl Engine {
             // RVERBS_POLL_PARK=0: a polling thread never sleeps in `poll`,
             // it spins as before issue 13 (for a program that must not
             // block there, at the cost of the core).
-            parking: std::env::var("RVERBS_POLL_PARK").map_or(true, |v| v.trim() != "0"),
             bell: Bell::process()?,
         })
     }
@@ -510,6 +507,7 @@ impl Engine {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut stats = st.stats;
         (stats.mads_sent, stats.mads_send_errors) = st.gsi.sent();
+        stats.poll_park_stalls = self.bell.stalls();
         for slot in st.qps.values() {
             slot.add_counters(&mut stats);
         }
@@ -666,6 +664,7 @@ impl Engine {
         prepare: impl FnMut(&W) -> Result<SendRequest, E>,
         all: bool,
     ) -> Option<Result<(), Refused<SendRefusal<E>>>> {
+        self.bell.note_post();
         self.with_slot(AckPolicy::Now, qpn, |slot| {
             slot.post_send(wrs, prepare, all)
         })
@@ -680,6 +679,7 @@ impl Engine {
         wrs: &[W],
         prepare: impl FnMut(&W) -> Result<RecvWqe, E>,
     ) -> Option<Result<(), Refused<RecvRefusal<E>>>> {
+        self.bell.note_post();
         self.with_slot(AckPolicy::Hold, qpn, |slot| slot.post_recv(wrs, prepare))
     }
 
@@ -692,7 +692,7 @@ impl Engine {
 
     /// Whether a poller that has spun its budget may park.
     pub(crate) fn may_park(&self) -> bool {
-        self.parking
+        self.bell.parking()
     }
 
     /// A poller parks on the socket until `until`: the engine thread leaves

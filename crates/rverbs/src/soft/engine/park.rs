@@ -28,12 +28,26 @@
 //! 1 ms timeout took 12–13 µs a hop against 7.3–7.9 µs with none. The bell
 //! is shared by every device of the process so that a long sleep on one
 //! device's socket still ends when another device's CQ gets a completion.
+//!
+//! Parking assumes a thread that polls an empty CQ again and again has
+//! nothing else to do until a completion comes. Some programs do: a
+//! runtime that keeps its own queue of deferred work and retries it in the
+//! loop that polls the CQ (libfabric's rxm retries a send held back for
+//! flow-control credits only after the CQ poll returns). Parked, such a
+//! program stalls until the park times out, and its peer, parked too,
+//! waits for it. So a park that ran out its time with nothing arriving,
+//! after which the same thread's next verb is a post rather than another
+//! poll, shows the program had work of its own: parking stops for the rest
+//! of the process's life (pollers spin, as with `RVERBS_POLL_PARK=0`), a
+//! debug line says why, and the devices count it (`poll_park_stalls`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use std::cell::Cell;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use smallvec::SmallVec;
@@ -52,6 +66,28 @@ pub(crate) struct Bell {
     pub(super) parked: AtomicU32,
     /// Completions pushed to the process's CQs, ever.
     pushed: AtomicU64,
+    /// Pollers may park: `RVERBS_POLL_PARK=0` says no from the start; a
+    /// stalled program (see the module docs) from then on.
+    parking: AtomicBool,
+    /// Parks that stalled the program (see the module docs).
+    stalls: AtomicU64,
+}
+
+/// The shortest park that counts as having run out its time: a park cut
+/// short by a timer of the engine (an ACK held back for 20 µs) stalls
+/// nothing worth turning parking off for.
+const STALL_MIN: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// This thread's last park ran out its time with nothing arriving, and
+    /// it has not polled since (see the module docs).
+    static PARK_RAN_OUT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The calling thread polls a CQ: a park it ran out before was a wait, not
+/// a stall.
+pub(crate) fn note_poll() {
+    PARK_RAN_OUT.set(false);
 }
 
 impl Bell {
@@ -66,6 +102,10 @@ impl Bell {
             fd: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
             parked: AtomicU32::new(0),
             pushed: AtomicU64::new(0),
+            parking: AtomicBool::new(
+                std::env::var("RVERBS_POLL_PARK").map_or(true, |v| v.trim() != "0"),
+            ),
+            stalls: AtomicU64::new(0),
         }));
         *bell = Some(made);
         Ok(made)
@@ -75,6 +115,32 @@ impl Bell {
     pub(crate) fn ring(&self) {
         self.pushed.fetch_add(1, Ordering::SeqCst);
         self.wake();
+    }
+
+    /// Whether pollers may park.
+    pub(crate) fn parking(&self) -> bool {
+        self.parking.load(Ordering::Relaxed)
+    }
+
+    /// Parks that stalled the program so far.
+    pub(crate) fn stalls(&self) -> u64 {
+        self.stalls.load(Ordering::Relaxed)
+    }
+
+    /// The calling thread posts work: if its last park ran out its time and
+    /// it has not polled since, the program had work of its own to do
+    /// meanwhile, and parking stops (see the module docs).
+    pub(crate) fn note_post(&self) {
+        if PARK_RAN_OUT.replace(false) {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
+            if self.parking.swap(false, Ordering::Relaxed) {
+                tracing::debug!(
+                    "a poller parked until its time ran out, then posted work instead of polling \
+                     again: this program has work of its own in its poll loop, so pollers no \
+                     longer park (they spin)"
+                );
+            }
+        }
     }
 
     /// Wakes the parked threads without a completion (a device going away).
@@ -379,6 +445,9 @@ impl Engine {
             let readable = sys::wait_readable(&fds, wait);
             rung = readable & 2 != 0;
             slept = true;
+            if readable == 0 && wait >= STALL_MIN {
+                PARK_RAN_OUT.set(true);
+            }
         }
         if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 {
             // Up before its time, perhaps: the engine thread may take the

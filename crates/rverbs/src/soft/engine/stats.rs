@@ -151,6 +151,11 @@ counters_struct! {
         /// the connection manager takes, no connection or state they fit,
         /// a full backlog, too many half-open connections.
         pub cm_dropped: u64,
+        /// Parks of a polling thread that stalled its program (the whole
+        /// process's: a park ran out its time, and the thread then posted
+        /// work instead of polling again); after the first, pollers no
+        /// longer park. See `RVERBS_POLL_PARK` in the README.
+        pub poll_park_stalls: u64,
     }
 }
 
