@@ -1,7 +1,7 @@
 //! librdmacm's semantics as a C program sees them (`c/rdmacm_semantics.c`,
 //! built against Debian's `<rdma/rdma_cma.h>` and run on both drop-ins):
 //! event channels, ids, listeners, private data and its limits, rejects,
-//! devices, ports.
+//! devices, ports; synchronous ids (`c/rdmacm_sync.c`).
 
 use std::path::{Path, PathBuf};
 
@@ -47,6 +47,20 @@ fn librdmacm_semantics() {
         return;
     };
     let port = (22_000 + std::process::id() % 20_000).to_string();
+    let (ok, text) = common::run_program(&exe, &[&port], &dir.0, &[]);
+    assert!(ok && text.contains("ok"), "{text}");
+}
+
+/// Synchronous ids (`c/rdmacm_sync.c`, rdma_create_ep's): each call
+/// returns with the event it leads to in `id->event` — ESTABLISHED after
+/// connect and accept, DISCONNECTED after disconnect on both sides.
+#[test]
+fn synchronous_ids_return_with_their_events() {
+    let dir = common::LibDir::with_rdmacm("sync");
+    let Some(exe) = compile(&dir.0, "rdmacm_sync", &["-O0"]) else {
+        return;
+    };
+    let port = (24_000 + std::process::id() % 20_000).to_string();
     let (ok, text) = common::run_program(&exe, &[&port], &dir.0, &[]);
     assert!(ok && text.contains("ok"), "{text}");
 }

@@ -308,6 +308,13 @@ impl Id {
     /// leaves it in `id->event`; its status says how the call ends (-1
     /// with errno for a failure), as librdmacm's `ucma_complete`.
     fn complete(&mut self) -> c_int {
+        self.complete_as(true)
+    }
+
+    /// [`complete`](Self::complete), waiting for the event only if
+    /// `wait`: otherwise an event already queued completes the call, and
+    /// with none it succeeds.
+    fn complete_as(&mut self, wait: bool) -> c_int {
         if !self.is_sync() {
             return 0;
         }
@@ -315,9 +322,16 @@ impl Id {
         let Some(ch) = self.channel() else {
             return neg(libc::EINVAL);
         };
-        let ev = match ch.rust.get_event() {
-            Ok(ev) => ev,
-            Err(e) => return neg(errno_of(&e)),
+        let ev = if wait {
+            match ch.rust.get_event() {
+                Ok(ev) => ev,
+                Err(e) => return neg(errno_of(&e)),
+            }
+        } else {
+            match ch.rust.try_get_event() {
+                Some(ev) => ev,
+                None => return 0,
+            }
         };
         let kind = ev.kind;
         let status = ev.status;
@@ -1213,7 +1227,15 @@ pub(crate) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         let Some(w) = (unsafe { id_ref(id) }) else {
             return neg(libc::EINVAL);
         };
-        status(w.rust.disconnect())
+        // A synchronous id returns with the DISCONNECTED event, as
+        // librdmacm's: it comes once the peer answers the DREQ (or the DREQ
+        // times out). An id whose connection was over already (the peer's
+        // DREQ came first) takes the event that reported it, if it waits.
+        let connected = w.rust.is_connected();
+        if let Err(e) = w.rust.disconnect() {
+            return neg(errno_of(&e));
+        }
+        w.complete_as(connected)
     })
 }
 

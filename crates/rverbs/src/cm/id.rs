@@ -391,6 +391,17 @@ impl CmId {
         self.core.lock().local
     }
 
+    /// Whether a connection is up or on its way (connect or accept sent,
+    /// or established): a [`disconnect`](Self::disconnect) then ends in a
+    /// DISCONNECTED event. After that event, or before any connection,
+    /// none comes.
+    pub fn is_connected(&self) -> bool {
+        matches!(
+            self.core.lock().phase,
+            Phase::Established | Phase::Accepting | Phase::Connecting
+        )
+    }
+
     /// The peer's address and port.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.core.lock().peer
