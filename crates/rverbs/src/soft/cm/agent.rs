@@ -1160,6 +1160,17 @@ impl CmAgent {
     /// REQ; REJ (consumer-defined) for a connection not yet established;
     /// one DREQ for an established one; a SIDR_REP (rejected) for an
     /// unanswered SIDR_REQ. Nothing for the other states.
+    /// Ends every connection as [`destroy`](Self::destroy) does (the
+    /// process is exiting: its peers hear of it as from the kernel's CM,
+    /// which ends a closed process's connections). How many there were.
+    pub(crate) fn destroy_all(&mut self, now: Instant) -> usize {
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        for &conn in &conns {
+            let _ = self.destroy(now, conn);
+        }
+        conns.len()
+    }
+
     pub(crate) fn destroy(&mut self, now: Instant, conn: ConnId) -> Result<(), CmError> {
         let _ = now;
         let mut c = self.conns.remove(&conn).ok_or(CmError::UnknownConn)?;

@@ -12,6 +12,14 @@
 //! ([`CmService::with_agent`]) send what they queue at once, on the
 //! caller's thread, and wake the service for timers and events.
 //!
+//! When the process exits (`exit(3)`, or the end of `main`), a hook ends
+//! every connection of every device's agent — DREQ for an established
+//! one, REJ for one on its way — and sends those MADs before the process
+//! is gone, as the kernel's CM does for a process whose rdma_cm file
+//! closes: its peers get DISCONNECTED (or REJECTED) instead of waiting
+//! for their QPs' transport errors. A killed process runs no hook; a
+//! forked child that exits leaves its parent's connections alone.
+//!
 //! Lock order: a sink may call into the service (and the verbs: a QP's
 //! transitions take the engine's lock); the service never holds its lock
 //! while calling a sink, and the engine never calls the service.
@@ -20,7 +28,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{ppoll, PollFd, PollFlags};
@@ -116,6 +124,60 @@ impl std::fmt::Debug for CmService {
     }
 }
 
+/// The process's services, for the exit hook.
+static LIVE: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+/// The process that registered the exit hook (a forked child inherits it).
+static HOOK_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Has `inner`'s connections ended when the process exits (see the module
+/// docs); the hook is registered once.
+fn end_connections_at_exit(inner: &Arc<Inner>) {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        HOOK_PID.store(std::process::id(), Ordering::Relaxed);
+        crate::soft::sys::at_exit(exit_hook);
+    });
+    let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(inner));
+}
+
+/// The exit hook: every live service's agent ends its connections, and
+/// what that queues is sent now. A service whose lock stays held (a thread
+/// stopped inside a call) is left alone rather than waited for.
+extern "C" fn exit_hook() {
+    let _ = std::panic::catch_unwind(|| {
+        if HOOK_PID.load(Ordering::Relaxed) != std::process::id() {
+            return;
+        }
+        let live: Vec<Arc<Inner>> = LIVE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for inner in live {
+            let service = CmService { inner };
+            let deadline = Instant::now() + Duration::from_millis(100);
+            let mut st = loop {
+                match service.inner.state.try_lock() {
+                    Ok(st) => break Some(st),
+                    Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => break None,
+                }
+            };
+            if let Some(st) = st.as_mut() {
+                if st.agent.destroy_all(Instant::now()) > 0 {
+                    service.transmit(st);
+                }
+            }
+        }
+    });
+}
+
 impl CmService {
     /// Opens `engine`'s GSI QP for an agent of the port with GID
     /// `local_gid` on CA `ca_guid`, and starts the service thread.
@@ -140,6 +202,7 @@ impl CmService {
         let service = CmService {
             inner: Arc::clone(&inner),
         };
+        end_connections_at_exit(&inner);
         let thread = service.clone();
         std::thread::Builder::new()
             .name("rverbs-cm".into())
