@@ -132,6 +132,30 @@ fn a_program_that_exits_connected_disconnects_its_peer() {
     next(CmEventKind::Disconnected);
 }
 
+/// No route to the peer: `rdma_resolve_addr` fails at once with
+/// ENETUNREACH, as the kernel's does (`c/rdmacm_noroute.c`, in a network
+/// namespace of its own with only loopback up; needs root).
+#[test]
+fn resolving_an_address_without_a_route_fails_at_once() {
+    if !common::is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: needs root for a network namespace");
+        return;
+    }
+    let dir = common::LibDir::with_rdmacm("noroute");
+    let Some(exe) = compile(&dir.0, "rdmacm_noroute", &["-O0"]) else {
+        return;
+    };
+    let exe = exe.to_str().unwrap();
+    let (ok, text) = common::run_program(
+        Path::new("/usr/bin/unshare"),
+        &["--net", "sh", "-c", "ip link set lo up && exec \"$0\"", exe],
+        &dir.0,
+        &[],
+    );
+    assert!(ok && text.contains("ok"), "{text}");
+}
+
 /// `rdma_destroy_id` waits for the id's events to be acknowledged, so an
 /// event thread may read `event->id` until its ack (AddressSanitizer
 /// catches a use after free).

@@ -194,3 +194,13 @@ pub fn run_program(
     );
     (out.status.success(), text)
 }
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
+        .unwrap_or(false)
+}

@@ -1296,6 +1296,14 @@ fn sidr_as_req() -> Req {
 /// rendezvous which device listens on the port.
 fn resolve_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
     if !is_local(dst.ip()) {
+        // The host must have a route there: without one the kernel's
+        // rdma_resolve_addr fails at once (ENETUNREACH), and so does this.
+        // A connected UDP socket asks the routing table; nothing is sent.
+        let any: SocketAddr = match dst {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        std::net::UdpSocket::bind(any)?.connect(crate::soft::engine::peer_endpoint(dst.ip()))?;
         return Ok(Target::Device(dst.ip()));
     }
     Ok(match rendezvous::lookup(space.code(), dst.port())? {
