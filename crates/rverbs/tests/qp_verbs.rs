@@ -2115,3 +2115,45 @@ fn post_send_all_posts_every_wr_or_none() {
     );
     assert_eq!(wait(&b.rcq, 4, "receives").len(), 4);
 }
+
+/// A QP moved to RESET takes its completions out of its CQs — the flushes
+/// of the error it is reset from — as mlx5's provider does, so a program
+/// that resets and reconnects a QP polls only what comes after (rdma-core's
+/// `test_mr_rereg_pd` does so). Another QP's completions in the same CQ
+/// stay, in order.
+#[test]
+fn reset_purges_the_qps_completions_and_only_its() {
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let ctx = device().open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let mr = pd.alloc_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+    let a = pd.qp_builder(&cq, &cq).caps(caps).build().unwrap();
+    let b = pd.qp_builder(&cq, &cq).caps(caps).build().unwrap();
+    for (qp, base) in [(&a, 100u64), (&b, 200u64)] {
+        to_init(qp);
+        for i in 0..3 {
+            qp.post_recv(&RecvWr::new(base + i, &[sge(&mr, 0, 64)]))
+                .unwrap();
+        }
+        modify_state(qp, QpState::Err).unwrap();
+    }
+    // Both QPs' receives were flushed into the one CQ (the move to ERR
+    // flushes at once); nothing is polled before a's RESET.
+    modify_state(&a, QpState::Reset).unwrap();
+    let left = wait(&cq, 3, "b's flushes");
+    assert_eq!(
+        ids_and_status(&left),
+        (200..203)
+            .map(|i| (i, WcStatus::WrFlushErr))
+            .collect::<Vec<_>>(),
+        "after a's RESET only b's completions are left"
+    );
+    assert_quiet(&cq, "nothing more");
+}

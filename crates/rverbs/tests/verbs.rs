@@ -210,7 +210,7 @@ fn foreign_memory_is_read_and_written_in_place() {
 }
 
 #[test]
-fn rereg_changes_access_pd_and_translation_with_new_keys() {
+fn rereg_keeps_the_keys_for_access_and_pd_and_changes_them_for_translation() {
     let ctx = ctx();
     let pd1 = ctx.alloc_pd().unwrap();
     let pd2 = ctx.alloc_pd().unwrap();
@@ -222,11 +222,13 @@ fn rereg_changes_access_pd_and_translation_with_new_keys() {
         .unwrap()
         .is_none());
     assert_eq!(mr.access(), AccessFlags::REMOTE_READ);
-    assert_ne!(mr.lkey(), key0);
+    // A peer's cached rkey still names the MR (as on rxe and mlx5).
+    assert_eq!(mr.lkey(), key0);
     assert_eq!(mr.lkey(), mr.rkey());
 
     mr.rereg(Rereg::new().pd(&pd2)).unwrap();
     assert_eq!(mr.pd_handle(), pd2.handle());
+    assert_eq!(mr.lkey(), key0);
     // pd1 is free now, pd2 is in use.
     pd1.dealloc().unwrap();
     let pd2 = pd2.dealloc().unwrap_err().into_inner();
@@ -240,6 +242,9 @@ fn rereg_changes_access_pd_and_translation_with_new_keys() {
         .unwrap()
         .unwrap();
     assert_eq!(old.into_vec(), vec![1u8; 32]);
+    // New memory, new keys: the old rkey reaches nothing.
+    assert_ne!(mr.lkey(), key0);
+    assert_eq!(mr.lkey(), mr.rkey());
     assert_eq!(mr.len(), 64);
     assert_eq!(mr.iova(), mr.addr());
     let mut b = [0u8; 2];

@@ -221,6 +221,12 @@ impl CqCore {
         Ok(())
     }
 
+    /// Drops every completion of QP `qpn` still queued (the QP went to
+    /// RESET); the others keep their order.
+    pub(crate) fn purge_qp(&self, qpn: u32) {
+        self.lock().entries.retain(|wc| wc.qp_num != qpn);
+    }
+
     /// Moves up to `out.len()` completions into `out`, oldest first.
     pub(crate) fn poll(&self, out: &mut [WorkCompletion]) -> usize {
         self.poll_and_arm_state(out).0

@@ -294,7 +294,11 @@ impl MemoryRegion {
     }
 
     /// Re-registers the MR (`ibv_rereg_mr`): changes its memory
-    /// (translation), access flags and/or PD at once. The MR gets new keys.
+    /// (translation), access flags and/or PD at once. A new translation
+    /// gets new keys (a peer holding the old rkey can no longer reach the
+    /// new memory); a change of PD or access flags alone keeps them, as
+    /// the kernel's Soft-RoCE and mlx5 keep them (the checks a key passes
+    /// are made against the MR's current PD and flags).
     /// Returns the memory it owned before if the translation changed. A
     /// refused request comes back unchanged, and the MR is as it was.
     pub fn rereg<'a>(&mut self, req: Rereg<'a>) -> Result<Option<MrBuffer>, Rejected<Rereg<'a>>> {
@@ -327,8 +331,9 @@ impl MemoryRegion {
         if let Some(pd) = req.pd {
             st.pd = pd.core.handle;
         }
-        let key = dev.mrs.rekey(&self.core, st.key);
-        st.key = key;
+        if old.is_some() {
+            st.key = dev.mrs.rekey(&self.core, st.key);
+        }
         drop(st);
         if let Some(pd) = req.pd {
             pd.core.users.add();

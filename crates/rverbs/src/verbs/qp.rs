@@ -261,7 +261,10 @@ impl QueuePair {
     /// Changes state and attributes (`ibv_modify_qp`). The transition must
     /// exist for the QP type and `mask` must hold exactly the attributes it
     /// requires plus any it allows; otherwise EINVAL with an
-    /// [`ErrorDetail::Transition`] naming the problem.
+    /// [`ErrorDetail::Transition`] naming the problem. A move to RESET
+    /// takes the QP's completions out of its CQs (the flushes of an error
+    /// it is reset from, say), as mlx5's provider does (the kernel's
+    /// Soft-RoCE leaves them).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let verb = Verb::ModifyQp;
         let core = &self.core;
@@ -350,6 +353,13 @@ impl QueuePair {
                 ))
             }
             Some(Ok(())) => {}
+        }
+        if to == QpState::Reset && from != QpState::Reset {
+            // Its completions still in its CQs go (flushes of an error
+            // before, above all): what the QP does after RESET starts
+            // afresh, as mlx5's provider cleans its CQs on RESET.
+            core.send_cq.purge_qp(core.qpn);
+            core.recv_cq.purge_qp(core.qpn);
         }
         *core.attr() = merged;
         Ok(())
