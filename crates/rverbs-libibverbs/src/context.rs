@@ -38,11 +38,17 @@ export! { "IBVERBS_1.1"
                     return null(errno_of(&e));
                 }
             };
+            let cmd_fd = match nix::sys::eventfd::EventFd::from_flags(
+                nix::sys::eventfd::EfdFlags::EFD_CLOEXEC | nix::sys::eventfd::EfdFlags::EFD_NONBLOCK,
+            ) {
+                Ok(fd) => std::os::fd::OwnedFd::from(fd),
+                Err(e) => return null(e as c_int),
+            };
             let mut vctx = verbs_context::default();
             vctx.sz = std::mem::size_of::<verbs_context>();
             let c = &mut vctx.context;
             c.device = device;
-            c.cmd_fd = -1;
+            c.cmd_fd = cmd_fd.as_raw_fd();
             c.async_fd = rust.async_fd().as_raw_fd();
             c.num_comp_vectors = rust.num_comp_vectors() as c_int;
             c.abi_compat = usize::MAX as *mut c_void;
@@ -51,6 +57,7 @@ export! { "IBVERBS_1.1"
                 vctx,
                 rust,
                 pending: Mutex::new(VecDeque::new()),
+                cmd_fd,
             });
             let ctx = Box::into_raw(ctx);
             open_contexts().push(ctx as usize);

@@ -67,6 +67,12 @@ pub(crate) struct Context {
     /// Async events read and not yet acknowledged: each is acknowledged to
     /// rverbs (dropped) by `ibv_ack_async_event`.
     pub(crate) pending: Mutex<VecDeque<AsyncEvent>>,
+    /// `cmd_fd`: the kernel's libibverbs talks to the device through an
+    /// open `/dev/infiniband/uverbsN`; rverbs has none, and gives an inert
+    /// descriptor of the context's own (an eventfd), so a program may
+    /// `dup`, poll or close-on-exec it as it would the real one. No
+    /// command goes through it; `ibv_import_device` on it is EOPNOTSUPP.
+    pub(crate) cmd_fd: std::os::fd::OwnedFd,
 }
 
 /// The `Context` around a C context pointer.

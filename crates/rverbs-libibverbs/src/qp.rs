@@ -194,8 +194,9 @@ export! { "IBVERBS_1.1"
 
 /// `verbs_context.create_qp_ex` (behind the inline `ibv_create_qp_ex`): a
 /// PD is required; with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS the QP takes the
-/// `wr_*` API for the operations above (others: EOPNOTSUPP); XRC, RSS,
-/// TSO and create flags are not supported.
+/// `wr_*` API for the operations above (others: EOPNOTSUPP); create
+/// flags may be given, as long as they are none (any flag: EOPNOTSUPP,
+/// as the kernel's Soft-RoCE); XRC, RSS and TSO are not supported.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     _context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -205,11 +206,15 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         let Some(a) = (unsafe { attr.as_mut() }) else {
             return null(libc::EINVAL);
         };
-        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return null(libc::EINVAL);
         }
         if a.comp_mask & !known != 0 {
+            return null(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
             return null(libc::EOPNOTSUPP);
         }
         let extended = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
@@ -447,5 +452,18 @@ export! { "IBVERBS_1.1"
                 Err(e) => errno_of(&e),
             }
         })
+    }
+}
+
+export! { "IBVERBS_1.14"
+    /// `ibv_query_qp_data_in_order`: 0 — the data of a message is not
+    /// guaranteed to land in order. rverbs places each packet's payload
+    /// with `memcpy`, whose stores need not go front to back (glibc's
+    /// stores a large copy's first bytes last), so a program must wait for
+    /// the completion rather than poll the last byte. Unknown flags: 0, as
+    /// libibverbs.
+    pub unsafe extern "C" fn ibv_query_qp_data_in_order(qp: *mut ibv_qp, op: u32, flags: u32) -> c_int {
+        let _ = (qp, op, flags);
+        0
     }
 }

@@ -56,7 +56,6 @@ unsupported! {
     "IBVERBS_1.10" ptr ibv_import_mr;
     "IBVERBS_1.10" ptr ibv_import_pd;
     "IBVERBS_1.10" int ibv_query_ece;
-    "IBVERBS_1.14" int ibv_query_qp_data_in_order;
     "IBVERBS_1.0" neg ibv_read_sysfs_file;
     "IBVERBS_1.12" ptr ibv_reg_dmabuf_mr;
     "IBVERBS_1.1" int ibv_resolve_eth_l2_from_gid;

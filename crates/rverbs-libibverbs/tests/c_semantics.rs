@@ -20,6 +20,17 @@ fn seed_man_pages_events_and_error_paths_hold_in_c() {
     }
 }
 
+/// What rdma-core's pyverbs suite expects of a device, each its own
+/// check here (`c/conformance.c`): ibv_query_device_ex's extended fields,
+/// ibv_query_qp_data_in_order, a dup-able cmd_fd, create flags that are
+/// none, rereg keeping keys, RESET purging a QP's completions.
+#[test]
+fn what_rdma_cores_own_tests_expect_holds_in_c() {
+    if let Some((ok, text)) = run_c("conformance", include_str!("c/conformance.c"), &[]) {
+        assert!(ok, "{text}");
+    }
+}
+
 #[test]
 fn rverbs_leak_check_names_what_was_left_alive() {
     let Some((ok, quiet)) = run_c("leaks", include_str!("c/leaks.c"), &[]) else {
