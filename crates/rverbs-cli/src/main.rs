@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod log;
 
 /// Inspect and use rverbs software RoCE devices.
 #[derive(Parser)]
@@ -44,6 +45,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    log::init();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let result = match cli.command {

@@ -582,3 +582,43 @@ fn decode_dissects_cm_mads_and_strict_fails_on_a_malformed_one() {
     std::fs::remove_file(good).unwrap();
     std::fs::remove_file(bad).unwrap();
 }
+
+/// `RVERBS_LOG` (tracing's env-filter syntax) decides what the library's
+/// events say on stderr: unset, warnings only (a device coming up is a
+/// debug event and stays quiet); `debug` shows it; a filter that does not
+/// parse says so and falls back to warnings.
+#[test]
+fn rverbs_log_filters_what_reaches_stderr() {
+    let run = |log: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rverbs"));
+        cmd.arg("devinfo")
+            .env_remove("RVERBS_CONFIG")
+            .env_remove("RVERBS_ADDR")
+            .env_remove("RVERBS_LOG");
+        if let Some(l) = log {
+            cmd.env("RVERBS_LOG", l);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let quiet = run(None);
+    assert!(!quiet.contains("device up"), "unset: {quiet}");
+    let debug = run(Some("debug"));
+    assert!(
+        debug.contains("DEBUG") && debug.contains("software RoCE device up"),
+        "RVERBS_LOG=debug: {debug}"
+    );
+    let scoped = run(Some("rverbs::soft::device=debug"));
+    assert!(scoped.contains("software RoCE device up"), "{scoped}");
+    let other = run(Some("rverbs::soft::engine=debug"));
+    assert!(
+        !other.contains("device up"),
+        "another module's filter: {other}"
+    );
+    let bad = run(Some("==nonsense"));
+    assert!(
+        bad.contains("RVERBS_LOG=\"==nonsense\" is not a filter") && !bad.contains("device up"),
+        "{bad}"
+    );
+}

@@ -57,6 +57,7 @@ mod cq;
 mod device;
 mod ffi;
 mod handles;
+mod log;
 mod mr;
 mod ops;
 mod pd;

@@ -205,6 +205,17 @@ fn ibv_devices_and_ibv_devinfo_list_the_device() {
     ] {
         assert!(info.contains(want), "no {want:?} in:\n{info}");
     }
+    // RVERBS_LOG reaches the drop-in too: the device's debug line.
+    let o = Command::new(&devinfo)
+        .env("LD_LIBRARY_PATH", &lib.0)
+        .env("RVERBS_LOG", "debug")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("software RoCE device up"),
+        "RVERBS_LOG=debug ibv_devinfo: {err}"
+    );
 }
 
 #[test]

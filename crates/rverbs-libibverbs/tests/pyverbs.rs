@@ -32,14 +32,20 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
     ("Create XRCD is not supported", "XRC"),
     ("Parent Domain is not supported", "parent domains"),
     ("Extended CQ is not supported", "tag matching"),
-    ("memory window of type 3", "a type 3 memory window (none exists)"),
+    (
+        "memory window of type 3",
+        "a type 3 memory window (none exists)",
+    ),
     ("All gid indices populated", "a free GID index"),
     ("Query device real time is not supported", "a device clock"),
     // rverbs' own (the README lists them).
     ("have net interface", "a netdev in sysfs for the device"),
     ("Importing a device is not supported", "ibv_import_device"),
     ("Create MW is not supported", "memory windows"),
-    ("Extended QP is not supported", "memory windows and ATOMIC_WRITE"),
+    (
+        "Extended QP is not supported",
+        "memory windows and ATOMIC_WRITE",
+    ),
 ];
 
 #[test]
@@ -78,8 +84,8 @@ fn rdma_cores_own_tests_pass_on_the_drop_in() {
         .env("LD_LIBRARY_PATH", &lib.0)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr).into_owned()
-        + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     let results = results(&text);
     let count = |what: &str| results.iter().filter(|(_, r)| r == what).count();
     let (passed, failed, errors) = (count("ok"), count("FAIL"), count("ERROR"));

@@ -54,6 +54,20 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// A warning the first time this call site runs and a debug line after:
+/// a failure that may repeat per packet or per pass shows once on stderr
+/// (`RVERBS_LOG` in the CLI and the drop-in), not once per occurrence.
+macro_rules! warn_once {
+    ($($arg:tt)*) => {{
+        static SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if SEEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!($($arg)*);
+        } else {
+            tracing::warn!($($arg)*);
+        }
+    }};
+}
+
 pub mod attr;
 pub mod cm;
 pub mod error;

@@ -675,7 +675,7 @@ pub(crate) fn random_u32() -> u32 {
         Ok(v) => v,
         Err(e) => {
             // getrandom(2) only fails before the kernel's pool is seeded; wait for it.
-            tracing::warn!("getrandom failed ({e}); retrying");
+            warn_once!("getrandom failed ({e}); retrying");
             std::thread::yield_now();
             random_u32()
         }

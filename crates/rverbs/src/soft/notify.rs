@@ -106,7 +106,7 @@ impl<T> EventQueue<T> {
         // One byte, never more than one in flight: cannot fill the socket.
         match send(self.writer.as_raw_fd(), &[1], MsgFlags::MSG_DONTWAIT) {
             Ok(_) => st.doorbell = true,
-            Err(e) => tracing::error!("event queue doorbell failed: {e}"),
+            Err(e) => warn_once!("event queue doorbell failed: {e}"),
         }
     }
 

@@ -66,7 +66,7 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
                 }
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    tracing::warn!("receive failed: {e}");
+                    warn_once!("receive failed: {e}");
                     drained = true;
                     break;
                 }

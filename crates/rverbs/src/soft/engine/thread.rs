@@ -202,7 +202,7 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         match ppoll(&mut fds, timeout, None) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
-                tracing::error!("engine poll failed: {e}");
+                warn_once!("engine poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
