@@ -153,3 +153,78 @@ fn errors_are_clear() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot run /nonexistent/program"), "{err}");
 }
+
+/// `scripts/install` into a scratch root (`--destdir`, the way a package
+/// is staged), then the installed `rverbs run` runs an unmodified
+/// `ibv_devinfo` from another directory through the installed libraries
+/// alone: `lib/rverbs` beside its `bin/`, never the build tree.
+#[test]
+fn the_installed_files_run_an_unmodified_program_from_anywhere() {
+    if !have_library() {
+        return;
+    }
+    let Some(devinfo) = ["/usr/bin/ibv_devinfo"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+    else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ibv_devinfo (ibverbs-utils) is needed in CI"
+        );
+        eprintln!("skipped: needs ibverbs-utils");
+        return;
+    };
+    let root = std::env::temp_dir().join(format!("rverbs-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let profile = Path::new(RVERBS)
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install");
+    let o = Command::new(&script)
+        .args([
+            "--no-build",
+            "--profile",
+            profile,
+            "--prefix",
+            "/usr",
+            "--destdir",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "scripts/install: {o:?}");
+    let bin = root.join("usr/bin/rverbs");
+    for f in ["libibverbs.so.1", "librdmacm.so.1"] {
+        assert!(
+            root.join("usr/lib/rverbs").join(f).is_file(),
+            "{f} installed"
+        );
+    }
+    let o = Command::new(&bin)
+        .args(["run", "--lib-dir"])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let dir = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(
+        Path::new(dir.trim()),
+        root.join("usr/lib/rverbs"),
+        "the installed rverbs uses the installed libraries"
+    );
+    let o = Command::new(&bin)
+        .args(["run", "--"])
+        .arg(devinfo)
+        .current_dir("/")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("hca_id:\trverbs0"),
+        "installed rverbs run -- ibv_devinfo: {o:?}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -1,10 +1,11 @@
 //! `rverbs run -- PROGRAM ARGS…`: runs an unmodified C verbs or rdma_cm
 //! program on rverbs by putting the drop-in `libibverbs.so.1` and
-//! `librdmacm.so.1` first on its library path. The libraries are the ones
-//! built beside this binary (`target/<profile>/libibverbs.so` and
-//! `librdmacm.so`); the loader looks them up by their SONAMEs, so a
-//! directory `ibverbs/` next to them holds `libibverbs.so.1` and
-//! `librdmacm.so.1` links to them.
+//! `librdmacm.so.1` first on its library path. Installed
+//! (`scripts/install`), they are in `lib/rverbs/` beside this binary's
+//! `bin/`. In the build tree they are the ones built beside this binary
+//! (`target/<profile>/libibverbs.so` and `librdmacm.so`); the loader looks
+//! them up by their SONAMEs, so a directory `ibverbs/` next to them holds
+//! `libibverbs.so.1` and `librdmacm.so.1` links to them.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -32,19 +33,32 @@ const LIBRARIES: [(&str, &str, &str); 2] = [
     ("librdmacm.so", "librdmacm.so.1", "rverbs-librdmacm"),
 ];
 
-/// The directory holding `libibverbs.so.1` and `librdmacm.so.1`, made if
-/// needed next to the built libraries. Either library missing is an error
-/// that says how to build it.
+/// The directory holding `libibverbs.so.1` and `librdmacm.so.1`: the
+/// installed `PREFIX/lib/rverbs`, or one made if needed next to the built
+/// libraries. Either library missing is an error that says how to build
+/// or install it.
 pub fn lib_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("where is this rverbs binary?")?;
     let profile = exe.parent().unwrap_or(Path::new("."));
+    if let Some(installed) = profile
+        .parent()
+        .map(|prefix| prefix.join("lib").join("rverbs"))
+        .filter(|d| {
+            LIBRARIES
+                .iter()
+                .all(|(_, soname, _)| d.join(soname).is_file())
+        })
+    {
+        return Ok(installed);
+    }
     for (file, _, package) in LIBRARIES {
         let built = profile.join(file);
         if !built.is_file() {
             bail!(
                 "{} is missing: build the drop-in libraries with \
                  `cargo build --release -p rverbs-libibverbs -p rverbs-librdmacm` \
-                 (the same profile as this rverbs; {file} is {package}'s)",
+                 (the same profile as this rverbs; {file} is {package}'s), \
+                 or install rverbs with scripts/install",
                 built.display()
             );
         }
