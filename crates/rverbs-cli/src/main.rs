@@ -23,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List RDMA devices with their node GUIDs (like ibv_devices).
+    /// List RDMA devices with their node GUIDs (like ibv_devices), then the
+    /// devices of programs running now, with their PIDs and addresses.
     Devices,
     /// Print device and port attributes (like ibv_devinfo).
     Devinfo(cmd::devinfo::DevinfoArgs),
@@ -35,7 +36,8 @@ enum Command {
     /// optionally on an SRQ (like ibv_rc/uc/ud/srq_pingpong).
     Pingpong(cmd::pingpong::PingpongArgs),
     /// Show the device counters (packets, drops by reason, retransmissions,
-    /// NAKs) of running programs.
+    /// NAKs) of running programs: `rverbs stat [PID|DEVICE]`.
+    #[command(visible_alias = "stat")]
     Counters(cmd::counters::CountersArgs),
     /// Run an unmodified C verbs or rdma_cm program (ibv_rc_pingpong,
     /// ib_write_bw, rping …) on rverbs' libibverbs.so.1 and librdmacm.so.1:

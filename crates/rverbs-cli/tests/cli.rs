@@ -185,6 +185,11 @@ fn counters_of_a_running_program() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let (ok, json, err) = ask(&["--json", "--all"]);
+    // `rverbs stat PID|DEVICE` is the same, and `rverbs devices` lists it.
+    let (stat_ok, by_pid, _) = rverbs(&["stat", &pid, "--all"], None);
+    let (_, by_addr, _) = rverbs(&["stat", &server_addr], None);
+    let (_, devices, _) = rverbs(&["devices"], None);
+    let (bad_ok, _, bad) = rverbs(&["stat", "no-such-device"], None);
     let _ = server.kill();
     let _ = server.wait();
     assert!(
@@ -204,6 +209,19 @@ fn counters_of_a_running_program() {
     assert_eq!(v[0]["device"], "rverbs0");
     assert_eq!(v[0]["pid"].as_u64().unwrap().to_string(), pid);
     assert_eq!(v[0]["counters"]["rx_icrc_errors"], 0);
+    assert!(stat_ok && by_pid.contains("rx_icrc_errors"), "{by_pid}");
+    assert!(
+        by_addr.starts_with(&format!("pid {pid} device rverbs0 ({server_addr})")),
+        "{by_addr}"
+    );
+    assert!(
+        devices
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == [pid.as_str(), "rverbs0", server_addr.as_str()]),
+        "rverbs devices:\n{devices}"
+    );
+    assert!(!bad_ok && bad.contains("no-such-device"), "{bad}");
     // The server is gone: nothing to ask.
     let (ok, _, err) = ask(&[]);
     assert!(!ok && err.contains("no rverbs device"), "{err}");

@@ -8,9 +8,13 @@ use std::io::Write;
 use anyhow::{bail, Result};
 use clap::Args;
 
-/// Options of `rverbs counters`.
+/// Options of `rverbs counters` (alias `rverbs stat`).
 #[derive(Args, Debug)]
 pub struct CountersArgs {
+    /// Only this process (a number) or this device (a name, as `rverbs0`,
+    /// or an address), as `rdma statistic` takes a device.
+    #[arg(value_name = "PID|DEVICE")]
+    pub target: Option<String>,
     /// Only this process.
     #[arg(short, long)]
     pub pid: Option<u32>,
@@ -27,6 +31,13 @@ pub struct CountersArgs {
 pub fn counters(args: &CountersArgs, out: &mut impl Write) -> Result<()> {
     let mut found = rverbs::counters::running()?;
     found.retain(|d| args.pid.is_none_or(|p| p == d.pid));
+    let target_pid = args.target.as_deref().and_then(|t| t.parse::<u32>().ok());
+    if let Some(t) = &args.target {
+        found.retain(|d| match target_pid {
+            Some(p) => d.pid == p,
+            None => &d.device == t || &d.addr == t,
+        });
+    }
     if !args.all {
         for d in &mut found {
             d.counters.retain(|(_, v)| *v != 0);
@@ -53,9 +64,10 @@ pub fn counters(args: &CountersArgs, out: &mut impl Write) -> Result<()> {
         return Ok(());
     }
     if found.is_empty() {
-        match args.pid {
-            Some(p) => bail!("process {p} has no rverbs device with a context open"),
-            None => {
+        match (args.pid.or(target_pid), &args.target) {
+            (Some(p), _) => bail!("process {p} has no rverbs device with a context open"),
+            (None, Some(t)) => bail!("no running program has an rverbs device {t}"),
+            (None, None) => {
                 writeln!(
                     out,
                     "no running program has an rverbs device with a context open"

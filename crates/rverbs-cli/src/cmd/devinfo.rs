@@ -35,6 +35,19 @@ pub fn devices(out: &mut impl Write) -> Result<()> {
     for d in &list {
         writeln!(out, "    {:<16}\t{:016x}", d.name(), d.guid())?;
     }
+    // Each process has devices of its own: those of the programs running
+    // now (this user's, this network namespace), from their counter
+    // sockets.
+    let mut running = rverbs::counters::running().unwrap_or_default();
+    running.retain(|d| d.pid != std::process::id());
+    if !running.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "    {:<8}  {:<16}\taddress", "pid", "device")?;
+        writeln!(out, "    {:<8}  {:<16}\t-------", "---", "------")?;
+        for d in &running {
+            writeln!(out, "    {:<8}  {:<16}\t{}", d.pid, d.device, d.addr)?;
+        }
+    }
     Ok(())
 }
 
