@@ -1,12 +1,13 @@
-//! Unmodified Debian binaries on rverbs: ibverbs-utils and perftest, each
-//! run against the built `libibverbs.so.1` (through `LD_LIBRARY_PATH`), as
+//! Unmodified Debian binaries on rverbs: ibverbs-utils, perftest and UCX
+//! (ucx_info, ucx_perftest), each run against the built `libibverbs.so.1` (through `LD_LIBRARY_PATH`), as
 //! server and client processes over loopback; and the rdma_cm programs —
 //! rdmacm-utils, perftest `-R`, qperf `-cm1`, libfabric's `fi_info` — on
 //! the built `librdmacm.so.1` too. Every run must succeed and report
 //! figures that parse (data checked where the program checks it).
 //!
-//! Needs Debian's ibverbs-utils, perftest, rdmacm-utils, qperf and
-//! libfabric-bin (scripts/test installs them), and both libraries built
+//! Needs Debian's ibverbs-utils, perftest, ucx-utils, rdmacm-utils, qperf
+//! and libfabric-bin (scripts/test installs them; UCX over verbs also
+//! root, for the mount namespace its uverbs node lives in), and both libraries built
 //! (`cargo build -p rverbs-libibverbs -p rverbs-librdmacm`); without the
 //! programs a test is skipped, unless `CI` is set.
 
@@ -1050,5 +1051,238 @@ fn fi_pingpong_over_the_verbs_msg_and_rdm_endpoints() {
                 "fi_pingpong -e {endpoint} {side}: no 1m row:\n{text}"
             );
         }
+    }
+}
+
+/// Sets up the mount namespace a UCX process runs in, then execs its
+/// arguments. UCX 1.13 lists a verbs device only if
+/// `/dev/infiniband/<ibv_device.dev_name>` is a character device it may
+/// read and write (`uct_ib_device_is_accessible`: stat, S_ISCHR, access),
+/// a kernel uverbs node rverbs cannot have and no `ibv_device` field can
+/// stand in for (the `/dev/infiniband/` prefix is UCX's). So the process
+/// gets a private mount namespace with an overlay on `/dev` (the real
+/// `/dev/shm` moved back on top, so both sides share it) in which
+/// `/dev/infiniband/uverbs0` is `/dev/null` bound over an empty file:
+/// nothing is created in the host's `/dev`, and the verbs still go only
+/// to the drop-in library. `$RVERBS_UCX_NS` is an empty directory for the
+/// namespace's tmpfs.
+const UCX_UVERBS_NODE: &str = r#"set -e
+mount --make-rprivate /
+d="$RVERBS_UCX_NS"
+mount -t tmpfs rverbs-ucx "$d"
+mkdir "$d/upper" "$d/work" "$d/shm"
+mount --bind /dev/shm "$d/shm"
+mount -t overlay overlay -o "lowerdir=/dev,upperdir=$d/upper,workdir=$d/work" /dev
+mount --move "$d/shm" /dev/shm
+mkdir -p /dev/infiniband
+: > /dev/infiniband/uverbs0
+mount --bind /dev/null /dev/infiniband/uverbs0
+exec "$@""#;
+
+/// A UCX program run through the drop-in: `UCX_TLS=tls`, the built
+/// library in `LD_LIBRARY_PATH`, `RVERBS_COUNTERS=1`; for a verbs
+/// transport in the namespace of [`UCX_UVERBS_NODE`] (`ns_dir` its
+/// directory) and with `UCX_LOG_LEVEL=info`, so the transport UCX picked
+/// is printed.
+fn ucx_command(
+    exe: &PathBuf,
+    tls: &str,
+    lib: &common::LibDir,
+    ns_dir: &std::path::Path,
+) -> Command {
+    let verbs = !tls.starts_with("tcp");
+    let mut cmd = if verbs {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "sh", "-c", UCX_UVERBS_NODE, "sh"])
+            .arg(exe)
+            .env("RVERBS_UCX_NS", ns_dir)
+            .env("UCX_LOG_LEVEL", "info");
+        c
+    } else {
+        Command::new(exe)
+    };
+    cmd.env("UCX_TLS", tls)
+        .env("LD_LIBRARY_PATH", &lib.0)
+        .env("RVERBS_COUNTERS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Whether UCX can be run here: ucx_perftest / ucx_info installed, and, for
+/// the verbs namespace, root with unshare and mount (CI has them all).
+fn ucx_tool(name: &str) -> Option<PathBuf> {
+    let exe = tool(name)?;
+    if !common::is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: needs root for a mount namespace");
+        return None;
+    }
+    tool("unshare")?;
+    tool("mount")?;
+    Some(exe)
+}
+
+/// The directory a namespace's tmpfs is mounted on: one per process.
+fn ucx_ns_dir(lib: &common::LibDir, n: usize) -> PathBuf {
+    let d = lib.0.join(format!("ns{n}"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The rverbs counters a process printed at exit (`RVERBS_COUNTERS=1`):
+/// `rx_packets` of rverbs0.
+fn rverbs_rx_packets(text: &str) -> Option<u64> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("rverbs: counters of rverbs0"))?;
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("rx_packets="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// ucx_perftest `test` with `size`-byte messages over `tls`, server and
+/// client processes on this host; both must succeed, the client print its
+/// `Final:` figures, and over verbs both sides use rverbs0 (the transport
+/// UCX names, and packets in rverbs's counters). Returns the client's
+/// final row: iterations, latency 50%, average, overall (µs), bandwidth
+/// average, overall (MB/s), message rate average, overall.
+fn ucx_perftest(tls: &str, test: &str, size: &str) -> Option<Vec<f64>> {
+    let exe = if tls.starts_with("tcp") {
+        tool("ucx_perftest")?
+    } else {
+        ucx_tool("ucx_perftest")?
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let lib = common::LibDir::new("ucx");
+    let port = free_port();
+    let port_arg = port.to_string();
+    let server = ucx_command(&exe, tls, &lib, &ucx_ns_dir(&lib, 0))
+        .args(["-p", &port_arg])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening(port) {
+        assert!(
+            Instant::now() < deadline,
+            "ucx_perftest server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = ucx_command(&exe, tls, &lib, &ucx_ns_dir(&lib, 1))
+        .args(["127.0.0.1", "-p", &port_arg, "-t", test, "-s", size])
+        .args(["-n", "500", "-w", "50"])
+        .spawn()
+        .unwrap();
+    let c = finish(client, Duration::from_secs(180));
+    let s = finish(server, Duration::from_secs(60));
+    let (c_text, s_text) = (output_text(&c), output_text(&s));
+    let what = format!("UCX_TLS={tls} ucx_perftest -t {test} -s {size}");
+    assert!(
+        c.status.success() && s.status.success(),
+        "{what}: client {} / server {}\nclient:\n{c_text}\nserver:\n{s_text}",
+        c.status,
+        s.status
+    );
+    let row: Vec<f64> = c_text
+        .lines()
+        .find_map(|l| l.strip_prefix("Final:"))
+        .unwrap_or_else(|| panic!("{what}: no Final row:\n{c_text}"))
+        .split_whitespace()
+        .map(|x| {
+            x.parse()
+                .unwrap_or_else(|_| panic!("{what}: {x:?}:\n{c_text}"))
+        })
+        .collect();
+    assert_eq!(row.len(), 8, "{what}: {c_text}");
+    // Iterations, average latency and message rate (the bandwidth of 8-byte
+    // GETs rounds to 0.00 MB/s).
+    assert!(
+        row[0] > 0.0 && row[3] > 0.0 && row[7] > 0.0,
+        "{what}: {c_text}"
+    );
+    if let Some(verbs) = tls.split(',').next().filter(|t| !t.starts_with("tcp")) {
+        let transport = if verbs.starts_with("rc") {
+            "rc_verbs/rverbs0:1"
+        } else {
+            "ud_verbs/rverbs0:1"
+        };
+        for (side, text) in [("client", &c_text), ("server", &s_text)] {
+            assert!(
+                text.contains(transport),
+                "{what}: the {side} did not use {transport}:\n{text}"
+            );
+            let rx = rverbs_rx_packets(text)
+                .unwrap_or_else(|| panic!("{what}: no rverbs counters from the {side}:\n{text}"));
+            assert!(rx > 0, "{what}: the {side} received nothing:\n{text}");
+        }
+    }
+    eprintln!("{what}: {row:?}");
+    Some(row)
+}
+
+/// The cases of issue 16: tag-matching latency and bandwidth, PUT
+/// bandwidth and GET, at 8 bytes and 64 KiB.
+const UCX_CASES: [(&str, &str); 8] = [
+    ("tag_lat", "8"),
+    ("tag_lat", "65536"),
+    ("tag_bw", "8"),
+    ("tag_bw", "65536"),
+    ("ucp_put_bw", "8"),
+    ("ucp_put_bw", "65536"),
+    ("ucp_get", "8"),
+    ("ucp_get", "65536"),
+];
+
+/// `ucx_info -d` lists rverbs0 as a memory domain with `rc_verbs` and
+/// `ud_verbs` on its port 1, given the uverbs node UCX looks for.
+#[test]
+fn ucx_info_lists_rverbs0_with_rc_and_ud_verbs() {
+    let Some(exe) = ucx_tool("ucx_info") else {
+        return;
+    };
+    let lib = common::LibDir::new("ucx-info");
+    let o = finish(
+        ucx_command(&exe, "all", &lib, &ucx_ns_dir(&lib, 0))
+            .arg("-d")
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+    );
+    let text = output_text(&o);
+    assert!(o.status.success(), "{text}");
+    for want in [
+        "Memory domain: rverbs0",
+        "Transport: rc_verbs",
+        "Transport: ud_verbs",
+        "Device: rverbs0:1",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+}
+
+/// ucx_perftest over UCX's `rc_verbs` transport (its wire-up goes over
+/// `ud_verbs`), default UCX settings.
+#[test]
+fn ucx_perftest_over_rc_verbs() {
+    for (test, size) in UCX_CASES {
+        ucx_perftest("rc_v,self", test, size);
+    }
+}
+
+/// ucx_perftest over UCX's `ud_verbs` transport: its receives check the
+/// destination address in the GRH, placed as `wc.sl` says (IPv4).
+#[test]
+fn ucx_perftest_over_ud_verbs() {
+    for (test, size) in UCX_CASES {
+        ucx_perftest("ud_v,self", test, size);
+    }
+}
+
+/// The same cases over UCX's TCP transport, beside the verbs ones.
+#[test]
+fn ucx_perftest_over_tcp() {
+    for (test, size) in UCX_CASES {
+        ucx_perftest("tcp,self", test, size);
     }
 }

@@ -100,7 +100,7 @@ pub use verbs::mr::{MemoryRegion, MrBuffer, Rereg};
 pub use verbs::pd::ProtectionDomain;
 pub use verbs::qp::{QpBuilder, QueuePair};
 pub use verbs::srq::{SharedReceiveQueue, SrqAttr, SrqAttrMask};
-pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion, ROCE_L3_TYPE_IPV4, ROCE_L3_TYPE_IPV6};
 pub use wr::{Payload, QpState, RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 
 /// Device counters of running programs — this one's and, over their

@@ -126,6 +126,15 @@ bitflags! {
     }
 }
 
+/// `sl` of a UD receive whose packet came over IPv4 (RoCEv2): the L3
+/// header type mlx5 reports there for RoCE, which UCX's `ud_verbs` reads to
+/// find the destination address in the 40 bytes ahead of the payload (the
+/// kernel's mlx5 driver turns the same value into `network_hdr_type`).
+pub const ROCE_L3_TYPE_IPV4: u8 = 2;
+/// `sl` of a UD receive whose packet came over IPv6 (RoCEv2); see
+/// [`ROCE_L3_TYPE_IPV4`].
+pub const ROCE_L3_TYPE_IPV6: u8 = 1;
+
 /// One completion (`struct ibv_wc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WorkCompletion {

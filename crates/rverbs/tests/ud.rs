@@ -641,3 +641,67 @@ for k in range(11):
     assert_eq!(s.ctx.query_port(1).unwrap().bad_pkey_cntr, 1);
     assert_eq!(after.rx_unknown_qp - before.rx_unknown_qp, 1, "{after:?}");
 }
+
+/// A UD receive reports the packet's L3 header type in `sl`, as mlx5 does
+/// for RoCE (its CQE's L3 type: 2 = IPv4, 1 = IPv6, 0 = GRH); UCX's
+/// `ud_verbs` reads it to know where the destination address lies in the
+/// 40 bytes ahead of the payload. The device is IPv4 here; IPv6 is checked
+/// in `processes.rs` (a device on `::1` needs a process of its own).
+#[test]
+fn ud_receive_reports_the_ip_version_in_sl_as_mlx5_does() {
+    let (a, b) = pair();
+    b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 256)]))
+        .unwrap();
+    let ah = ah_to(&a, &b);
+    a.qp.post_send(&SendWr::inline(2, WrOpcode::Send, b"ipv4").to(&ah, b.qp.qp_num(), QKEY))
+        .unwrap();
+    let got = wait(&b.cq, 1)[0];
+    assert_eq!(got.status, WcStatus::Success, "{got:?}");
+    assert_eq!(got.sl, rverbs::ROCE_L3_TYPE_IPV4, "{got:?}");
+    assert_eq!(rverbs::ROCE_L3_TYPE_IPV4, 2);
+    // The AH made from the completion carries it on, as rdma-core's
+    // ibv_init_ah_from_wc copies wc->sl.
+    let mut grh = [0u8; GRH];
+    b.mr.read_at(0, &mut grh).unwrap();
+    let attr = AddressHandle::attr_from_wc(&b.ctx, &got, &grh).unwrap();
+    assert_eq!(attr.sl, got.sl);
+}
+
+/// The same over IPv6: a device of its own on `::1` reports `sl` 1 and
+/// fills all 40 bytes with the IPv6 header. Skipped where loopback has no
+/// `::1` (unless `CI` is set) or another process holds its port.
+#[test]
+fn ud_receive_over_ipv6_reports_ipv6_in_sl() {
+    let lo6 = std::net::Ipv6Addr::LOCALHOST;
+    if std::net::UdpSocket::bind((lo6, 0)).is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI hosts have ::1");
+        eprintln!("skipped: no ::1 on this host");
+        return;
+    }
+    let config = rverbs::DeviceConfig {
+        name: Some("ud-ipv6".into()),
+        addr: rverbs::DeviceAddr::Ip(IpAddr::V6(lo6)),
+    };
+    let dev = match rverbs::add_device(config) {
+        Ok(d) => d,
+        Err(e) if e.to_string().contains("taken by another process") => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let (a, b) = (side(dev.open().unwrap()), side(dev.open().unwrap()));
+    b.qp.post_recv(&RecvWr::new(1, &[sge(&b.mr, 0, 256)]))
+        .unwrap();
+    let ah = ah_to(&a, &b);
+    a.qp.post_send(&SendWr::inline(2, WrOpcode::Send, b"ipv6").to(&ah, b.qp.qp_num(), QKEY))
+        .unwrap();
+    let got = wait(&b.cq, 1)[0];
+    assert_eq!(got.status, WcStatus::Success, "{got:?}");
+    assert_eq!(got.sl, rverbs::ROCE_L3_TYPE_IPV6, "{got:?}");
+    assert_eq!(rverbs::ROCE_L3_TYPE_IPV6, 1);
+    let mut grh = [0u8; GRH];
+    b.mr.read_at(0, &mut grh).unwrap();
+    assert_eq!(grh[0] >> 4, 6, "an IPv6 header: {grh:?}");
+    assert_eq!(&grh[24..40], &lo6.octets(), "its destination");
+}

@@ -5,9 +5,11 @@
 //! and a matching Q_Key; the payload lands after a 40-byte GRH at the head
 //! of the receive buffer — for IPv4 an IPv4 header with the packet's
 //! addresses in its last 20 bytes, as rdma-core's `ibv_init_ah_from_wc`
-//! reads it — and `byte_len` counts the GRH. A send completes once its
-//! packet is handed to the engine; a full socket buffer drops it like a
-//! lossy network would (UD promises no delivery).
+//! reads it — and `byte_len` counts the GRH; `sl` says which (2 = IPv4,
+//! 1 = IPv6: mlx5's RoCE L3 header types, which UCX's `ud_verbs` relies
+//! on). A send completes once its packet is handed to the engine; a full
+//! socket buffer drops it like a lossy network would (UD promises no
+//! delivery).
 //!
 //! Local errors move the QP to SQE (IBTA 10.3.1.6): the failed WR completes
 //! with its status, later ones with a flush error, receives go on; modify
@@ -363,6 +365,7 @@ impl UdQp {
         }
         wc.byte_len = len as u32;
         wc.wc_flags = WcFlags::GRH;
+        wc.sl = roce_l3_type(src, dst);
         if let Some(imm) = pkt.imm_dt {
             wc.imm_data = imm.0;
             wc.wc_flags |= WcFlags::WITH_IMM;
@@ -370,6 +373,16 @@ impl UdQp {
         self.events
             .push_back(QpEvent::RecvCompletion(wc, pkt.bth.solicited));
         Ok(())
+    }
+}
+
+/// The L3 header type a UD receive reports in `sl`, as mlx5 does for RoCE:
+/// IPv4 when both addresses are IPv4 (the header [`grh_bytes`] writes then
+/// is an IPv4 one), else IPv6.
+fn roce_l3_type(src: IpAddr, dst: IpAddr) -> u8 {
+    match (src, dst) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => crate::wc::ROCE_L3_TYPE_IPV4,
+        _ => crate::wc::ROCE_L3_TYPE_IPV6,
     }
 }
 
