@@ -11,7 +11,7 @@ fn rverbs(args: &[&str]) -> std::process::Output {
 }
 
 fn have_library() -> bool {
-    for file in ["libibverbs.so", "librdmacm.so"] {
+    for file in ["libibverbs.so", "librdmacm.so", "librverbs_uverbs_node.so"] {
         let lib = Path::new(RVERBS).with_file_name(file);
         if !lib.is_file() {
             assert!(
@@ -19,7 +19,7 @@ fn have_library() -> bool {
                 "{} missing: scripts/test builds the workspace before testing",
                 lib.display()
             );
-            eprintln!("skipped: build rverbs-libibverbs and rverbs-librdmacm first");
+            eprintln!("skipped: build rverbs-libibverbs, rverbs-librdmacm and rverbs-uverbs-node first");
             return false;
         }
     }
@@ -197,7 +197,7 @@ fn the_installed_files_run_an_unmodified_program_from_anywhere() {
         .unwrap();
     assert!(o.status.success(), "scripts/install: {o:?}");
     let bin = root.join("usr/bin/rverbs");
-    for f in ["libibverbs.so.1", "librdmacm.so.1"] {
+    for f in ["libibverbs.so.1", "librdmacm.so.1", "librverbs_uverbs_node.so"] {
         assert!(
             root.join("usr/lib/rverbs").join(f).is_file(),
             "{f} installed"

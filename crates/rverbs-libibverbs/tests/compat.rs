@@ -6,8 +6,7 @@
 //! figures that parse (data checked where the program checks it).
 //!
 //! Needs Debian's ibverbs-utils, perftest, ucx-utils, rdmacm-utils, qperf
-//! and libfabric-bin (scripts/test installs them; UCX over verbs also
-//! root, for the mount namespace its uverbs node lives in), and both libraries built
+//! and libfabric-bin (scripts/test installs them), and the libraries built
 //! (`cargo build -p rverbs-libibverbs -p rverbs-librdmacm`); without the
 //! programs a test is skipped, unless `CI` is set.
 
@@ -1054,80 +1053,26 @@ fn fi_pingpong_over_the_verbs_msg_and_rdm_endpoints() {
     }
 }
 
-/// Sets up the mount namespace a UCX process runs in, then execs its
-/// arguments. UCX 1.13 lists a verbs device only if
-/// `/dev/infiniband/<ibv_device.dev_name>` is a character device it may
-/// read and write (`uct_ib_device_is_accessible`: stat, S_ISCHR, access),
-/// a kernel uverbs node rverbs cannot have and no `ibv_device` field can
-/// stand in for (the `/dev/infiniband/` prefix is UCX's). So the process
-/// gets a private mount namespace with an overlay on `/dev` (the real
-/// `/dev/shm` moved back on top, so both sides share it) in which
-/// `/dev/infiniband/uverbs0` is `/dev/null` bound over an empty file:
-/// nothing is created in the host's `/dev`, and the verbs still go only
-/// to the drop-in library. `$RVERBS_UCX_NS` is an empty directory for the
-/// namespace's tmpfs.
-const UCX_UVERBS_NODE: &str = r#"set -e
-mount --make-rprivate /
-d="$RVERBS_UCX_NS"
-mount -t tmpfs rverbs-ucx "$d"
-mkdir "$d/upper" "$d/work" "$d/shm"
-mount --bind /dev/shm "$d/shm"
-mount -t overlay overlay -o "lowerdir=/dev,upperdir=$d/upper,workdir=$d/work" /dev
-mount --move "$d/shm" /dev/shm
-mkdir -p /dev/infiniband
-: > /dev/infiniband/uverbs0
-mount --bind /dev/null /dev/infiniband/uverbs0
-exec "$@""#;
-
-/// A UCX program run through the drop-in: `UCX_TLS=tls`, the built
-/// library in `LD_LIBRARY_PATH`, `RVERBS_COUNTERS=1`; for a verbs
-/// transport in the namespace of [`UCX_UVERBS_NODE`] (`ns_dir` its
-/// directory) and with `UCX_LOG_LEVEL=info`, so the transport UCX picked
-/// is printed.
-fn ucx_command(
-    exe: &PathBuf,
-    tls: &str,
-    lib: &common::LibDir,
-    ns_dir: &std::path::Path,
-) -> Command {
-    let verbs = !tls.starts_with("tcp");
-    let mut cmd = if verbs {
-        let mut c = Command::new("unshare");
-        c.args(["--mount", "sh", "-c", UCX_UVERBS_NODE, "sh"])
-            .arg(exe)
-            .env("RVERBS_UCX_NS", ns_dir)
-            .env("UCX_LOG_LEVEL", "info");
-        c
-    } else {
-        Command::new(exe)
-    };
+/// A UCX program run through the drop-in as `rverbs run` runs it: the
+/// built libraries first in `LD_LIBRARY_PATH`, and
+/// `librverbs_uverbs_node.so` preloaded — UCX 1.13 lists a verbs device
+/// only if `/dev/infiniband/<dev_name>` is a character device it may read
+/// and write (`uct_ib_device_is_accessible`), which rverbs' devices have
+/// none of, and the preload answers that check (`crates/rverbs-uverbs-node`).
+/// `UCX_TLS=tls`, `RVERBS_COUNTERS=1`, and for a verbs transport
+/// `UCX_LOG_LEVEL=info`, so the transport UCX picked is printed.
+fn ucx_command(exe: &PathBuf, tls: &str, lib: &common::LibDir) -> Command {
+    let mut cmd = Command::new(exe);
+    if !tls.starts_with("tcp") {
+        cmd.env("UCX_LOG_LEVEL", "info");
+    }
     cmd.env("UCX_TLS", tls)
         .env("LD_LIBRARY_PATH", &lib.0)
+        .env("LD_PRELOAD", common::uverbs_node_preload())
         .env("RVERBS_COUNTERS", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
-}
-
-/// Whether UCX can be run here: ucx_perftest / ucx_info installed, and, for
-/// the verbs namespace, root with unshare and mount (CI has them all).
-fn ucx_tool(name: &str) -> Option<PathBuf> {
-    let exe = tool(name)?;
-    if !common::is_root() {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
-        eprintln!("skipped: needs root for a mount namespace");
-        return None;
-    }
-    tool("unshare")?;
-    tool("mount")?;
-    Some(exe)
-}
-
-/// The directory a namespace's tmpfs is mounted on: one per process.
-fn ucx_ns_dir(lib: &common::LibDir, n: usize) -> PathBuf {
-    let d = lib.0.join(format!("ns{n}"));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// The rverbs counters a process printed at exit (`RVERBS_COUNTERS=1`):
@@ -1148,16 +1093,12 @@ fn rverbs_rx_packets(text: &str) -> Option<u64> {
 /// final row: iterations, latency 50%, average, overall (µs), bandwidth
 /// average, overall (MB/s), message rate average, overall.
 fn ucx_perftest(tls: &str, test: &str, size: &str) -> Option<Vec<f64>> {
-    let exe = if tls.starts_with("tcp") {
-        tool("ucx_perftest")?
-    } else {
-        ucx_tool("ucx_perftest")?
-    };
+    let exe = tool("ucx_perftest")?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let lib = common::LibDir::new("ucx");
     let port = free_port();
     let port_arg = port.to_string();
-    let server = ucx_command(&exe, tls, &lib, &ucx_ns_dir(&lib, 0))
+    let server = ucx_command(&exe, tls, &lib)
         .args(["-p", &port_arg])
         .spawn()
         .unwrap();
@@ -1169,7 +1110,7 @@ fn ucx_perftest(tls: &str, test: &str, size: &str) -> Option<Vec<f64>> {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let client = ucx_command(&exe, tls, &lib, &ucx_ns_dir(&lib, 1))
+    let client = ucx_command(&exe, tls, &lib)
         .args(["127.0.0.1", "-p", &port_arg, "-t", test, "-s", size])
         .args(["-n", "500", "-w", "50"])
         .spawn()
@@ -1238,12 +1179,12 @@ const UCX_CASES: [(&str, &str); 8] = [
 /// `ud_verbs` on its port 1, given the uverbs node UCX looks for.
 #[test]
 fn ucx_info_lists_rverbs0_with_rc_and_ud_verbs() {
-    let Some(exe) = ucx_tool("ucx_info") else {
+    let Some(exe) = tool("ucx_info") else {
         return;
     };
     let lib = common::LibDir::new("ucx-info");
     let o = finish(
-        ucx_command(&exe, "all", &lib, &ucx_ns_dir(&lib, 0))
+        ucx_command(&exe, "all", &lib)
             .arg("-d")
             .spawn()
             .unwrap(),

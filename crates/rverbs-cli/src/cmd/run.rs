@@ -1,6 +1,9 @@
 //! `rverbs run -- PROGRAM ARGS…`: runs an unmodified C verbs or rdma_cm
 //! program on rverbs by putting the drop-in `libibverbs.so.1` and
-//! `librdmacm.so.1` first on its library path. Installed
+//! `librdmacm.so.1` first on its library path, and preloading
+//! `librverbs_uverbs_node.so`, which shows programs that look for the
+//! kernel's `/dev/infiniband/uverbsN` before they use a device (UCX) the
+//! node they expect (see `crates/rverbs-uverbs-node`). Installed
 //! (`scripts/install`), they are in `lib/rverbs/` beside this binary's
 //! `bin/`. In the build tree they are the ones built beside this binary
 //! (`target/<profile>/libibverbs.so` and `librdmacm.so`); the loader looks
@@ -26,12 +29,16 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// The drop-in libraries: the file cargo builds, the SONAME programs load
-/// it by, and the package that builds it.
-const LIBRARIES: [(&str, &str, &str); 2] = [
+/// The drop-in libraries and the preload: the file cargo builds, the name
+/// programs load it by, and the package that builds it.
+const LIBRARIES: [(&str, &str, &str); 3] = [
     ("libibverbs.so", "libibverbs.so.1", "rverbs-libibverbs"),
     ("librdmacm.so", "librdmacm.so.1", "rverbs-librdmacm"),
+    (PRELOAD, PRELOAD, "rverbs-uverbs-node"),
 ];
+
+/// The library `rverbs run` preloads (`crates/rverbs-uverbs-node`).
+pub const PRELOAD: &str = "librverbs_uverbs_node.so";
 
 /// The directory holding `libibverbs.so.1` and `librdmacm.so.1`: the
 /// installed `PREFIX/lib/rverbs`, or one made if needed next to the built
@@ -56,7 +63,8 @@ pub fn lib_dir() -> anyhow::Result<PathBuf> {
         if !built.is_file() {
             bail!(
                 "{} is missing: build the drop-in libraries with \
-                 `cargo build --release -p rverbs-libibverbs -p rverbs-librdmacm` \
+                 `cargo build --release -p rverbs-libibverbs -p rverbs-librdmacm \
+                 -p rverbs-uverbs-node` \
                  (the same profile as this rverbs; {file} is {package}'s), \
                  or install rverbs with scripts/install",
                 built.display()
@@ -96,10 +104,16 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<()> {
         path.push(":");
         path.push(old);
     }
+    let mut preload = OsString::from(dir.join(PRELOAD));
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
     out.flush()?;
     let err = std::process::Command::new(program)
         .args(rest)
         .env("LD_LIBRARY_PATH", path)
+        .env("LD_PRELOAD", preload)
         .exec();
     bail!("cannot run {}: {err}", program.to_string_lossy())
 }

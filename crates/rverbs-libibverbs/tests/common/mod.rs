@@ -204,3 +204,17 @@ pub fn is_root() -> bool {
         .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
         .unwrap_or(false)
 }
+
+/// The built `librverbs_uverbs_node.so` (`cargo build -p
+/// rverbs-uverbs-node`), which `rverbs run` preloads for UCX.
+pub fn uverbs_node_preload() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let lib = profile_dir.join("librverbs_uverbs_node.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build -p rverbs-uverbs-node` first",
+        lib.display()
+    );
+    lib
+}
