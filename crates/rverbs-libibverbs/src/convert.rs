@@ -1,12 +1,13 @@
 //! Values C and rverbs spell differently, converted where more than one
 //! module needs them: fixed-size C strings, GIDs, address vectors
-//! (`ibv_ah_attr`) and scatter/gather lists.
+//! (`ibv_ah_attr`), scatter/gather lists and memory window binds
+//! (`ibv_mw_bind_info`).
 
 use std::ffi::{c_char, c_int};
 
 use smallvec::SmallVec;
 
-use rverbs::{AhAttr, Gid, Sge};
+use rverbs::{AccessFlags, AhAttr, Gid, MwBindInfo, Sge, WrOpcode};
 use rverbs_ibverbs_abi::abi::*;
 
 /// Copies `s` into a C char array (zeroed), cut short so that a NUL stays
@@ -85,4 +86,49 @@ pub(crate) unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int, max: u32) -> 
             })
             .collect(),
     )
+}
+
+/// What a C `ibv_mw_bind_info` binds; `None` (EINVAL) for unknown access
+/// bits, or a NULL MR with a range (as libibverbs' `ibv_bind_mw` refuses).
+/// A NULL MR with a zero length unbinds.
+///
+/// # Safety
+/// `info.mr` must be NULL or a live MR from `ibv_reg_mr*`.
+pub(crate) unsafe fn mw_bind_info(info: &ibv_mw_bind_info) -> Option<MwBindInfo> {
+    let access = AccessFlags::from_bits(info.mw_access_flags)?;
+    let mr_lkey = if info.mr.is_null() {
+        if info.addr != 0 || info.length != 0 {
+            return None;
+        }
+        0
+    } else {
+        // SAFETY: per the caller, a live MR; its lkey is read, not kept.
+        unsafe { (*info.mr).lkey }
+    };
+    Some(MwBindInfo::new(mr_lkey, info.addr, info.length, access))
+}
+
+/// The operation of a bind of window `mw` (a C `ibv_mw`) under a key with
+/// `rkey`'s tag: the window is named by its rkey, as providers pass it.
+///
+/// # Safety
+/// `mw` must be NULL or a live window from `ibv_alloc_mw`; `info.mr` as
+/// for [`mw_bind_info`].
+pub(crate) unsafe fn bind_mw_op(
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: &ibv_mw_bind_info,
+) -> Option<WrOpcode> {
+    if mw.is_null() {
+        return None;
+    }
+    // SAFETY: per the caller.
+    let info = unsafe { mw_bind_info(info) }?;
+    // SAFETY: per the caller, a live window; its rkey is read, not kept.
+    let mw_rkey = unsafe { (*mw).rkey };
+    Some(WrOpcode::BindMw {
+        mw_rkey,
+        rkey,
+        info,
+    })
 }

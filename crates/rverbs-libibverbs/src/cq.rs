@@ -200,8 +200,21 @@ unsafe extern "C" fn cq_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
 unsafe extern "C" fn cq_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
     current(cq, |w| w.byte_len)
 }
+/// `read_imm_data`, which `ibv_wc_read_invalidated_rkey` calls too:
+/// immediate data in network order, an invalidated rkey in host order.
 unsafe extern "C" fn cq_read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| w.imm_data.to_be())
+    current(cq, imm_field)
+}
+
+/// The `imm_data` / `invalidated_rkey` union of a completion: immediate
+/// data in network order, an invalidated rkey in host order (verbs.h's
+/// types).
+fn imm_field(wc: &WorkCompletion) -> u32 {
+    if wc.wc_flags.contains(rverbs::WcFlags::WITH_INV) {
+        wc.imm_data
+    } else {
+        wc.imm_data.to_be()
+    }
 }
 unsafe extern "C" fn cq_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
     current(cq, |w| w.qp_num)
@@ -305,7 +318,8 @@ export! { "IBVERBS_1.1"
     }
 }
 
-/// Converts a completion to C's `ibv_wc` (immediate data in network order).
+/// Converts a completion to C's `ibv_wc` (immediate data in network order,
+/// an invalidated rkey in host order).
 fn c_wc(wc: &WorkCompletion) -> ibv_wc {
     let mut out = ibv_wc::default();
     out.wr_id = wc.wr_id;
@@ -313,7 +327,7 @@ fn c_wc(wc: &WorkCompletion) -> ibv_wc {
     out.opcode = wc.opcode as u32;
     out.vendor_err = wc.vendor_err;
     out.byte_len = wc.byte_len;
-    out.imm.imm_data = wc.imm_data.to_be();
+    out.imm.imm_data = imm_field(wc);
     out.qp_num = wc.qp_num;
     out.src_qp = wc.src_qp;
     out.wc_flags = wc.wc_flags.bits();

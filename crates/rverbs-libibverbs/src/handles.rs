@@ -7,8 +7,8 @@
 //! under a program); a C `ibv_context` sits inside the `verbs_context` that
 //! starts a [`Context`], which owns the rverbs context and is freed by
 //! `ibv_close_device` alone — objects made through it keep what they need,
-//! as in libibverbs. The wrappers of PDs, MRs, channels, CQs, QPs, SRQs and
-//! AHs own their rverbs object (`rust`, an `Option` so a refused destroy can
+//! as in libibverbs. The wrappers of PDs, MRs, MWs, channels, CQs, QPs, SRQs
+//! and AHs own their rverbs object (`rust`, an `Option` so a refused destroy can
 //! put it back); the rverbs object's `user_data` is the C pointer: async
 //! events and completion events name the C object through it.
 //!
@@ -26,7 +26,8 @@ use std::sync::{Condvar, Mutex};
 
 use rverbs::{
     AddressHandle, AsyncEvent, CompletionChannel, CompletionQueue, CqEvent, MemoryRegion,
-    ProtectionDomain, QueuePair, SendFlags, SharedReceiveQueue, WorkCompletion, WrOpcode,
+    MemoryWindow, ProtectionDomain, QueuePair, SendFlags, SharedReceiveQueue, WorkCompletion,
+    WrOpcode,
 };
 use rverbs_ibverbs_abi::abi::*;
 
@@ -195,6 +196,14 @@ pub(crate) struct Mr {
     /// C reads it; rereg writes it (interior mutability).
     pub(crate) ibv: UnsafeCell<ibv_mr>,
     pub(crate) rust: Option<MemoryRegion>,
+}
+
+/// `ibv_mw` and its rverbs window.
+#[repr(C)]
+pub(crate) struct Mw {
+    /// `rkey` changes with each `ibv_bind_mw` (interior mutability).
+    pub(crate) ibv: UnsafeCell<ibv_mw>,
+    pub(crate) rust: Option<MemoryWindow>,
 }
 
 // ---- completion channels and queues ------------------------------------

@@ -17,7 +17,7 @@
 //!   lookups, destroy plumbing), `wr` (C work request lists → rverbs posts);
 //! - `ops`: the function pointers set in a context, in one place;
 //! - objects: `device`, `context` (open/close, async events, leak report),
-//!   `query` (device, port, GID, P_Key), `pd`, `mr` (and fork), `channel`
+//!   `query` (device, port, GID, P_Key), `pd`, `mr` (and fork), `mw`, `channel`
 //!   (and completion events), `cq`, `qp`, `qp_ex` (`ibv_wr_*`), `srq`, `ah`;
 //! - the rest: `strings` (`ibv_*_str`, rates), `unsupported` (EOPNOTSUPP
 //!   verbs), `private` (IBVERBS_PRIVATE_34, load-time setup);
@@ -59,6 +59,7 @@ mod ffi;
 mod handles;
 mod log;
 mod mr;
+mod mw;
 mod ops;
 mod pd;
 mod private;

@@ -2,7 +2,7 @@
 //! `verbs_context` slots (`query_port`, `query_device_ex`, `create_qp_ex`,
 //! `create_cq_ex`, `close_xrcd`) and the `ibv_context_ops` that verbs.h's
 //! inline wrappers call through (`poll_cq`, `req_notify_cq`, `post_send`,
-//! `post_recv`, `post_srq_recv`, and the two `_compat_query_*` slots
+//! `post_recv`, `post_srq_recv`, `alloc_mw`, `dealloc_mw`, `bind_mw`, and the two `_compat_query_*` slots
 //! rdma-core fills). The functions themselves live with their objects; the
 //! tables of single objects (an `ibv_cq_ex`'s polling functions, an
 //! `ibv_qp_ex`'s `wr_*`) are set by `cq.rs` and `qp_ex.rs` when such an
@@ -12,7 +12,7 @@ use std::ffi::c_int;
 
 use rverbs_ibverbs_abi::abi::*;
 
-use crate::{cq, qp, query, srq};
+use crate::{cq, mw, qp, query, srq};
 
 /// Sets the function pointers of a context being opened.
 pub(crate) fn fill(vctx: &mut verbs_context) {
@@ -39,6 +39,10 @@ pub(crate) fn fill(vctx: &mut verbs_context) {
     ops.post_send = Some(qp::post_send);
     ops.post_recv = Some(qp::post_recv);
     ops.post_srq_recv = Some(srq::post_srq_recv);
+    // verbs.h's inline ibv_alloc_mw answers EOPNOTSUPP when alloc_mw is NULL.
+    ops.alloc_mw = Some(mw::alloc_mw);
+    ops.dealloc_mw = Some(mw::dealloc_mw);
+    ops.bind_mw = Some(mw::bind_mw);
 }
 
 unsafe extern "C" fn close_xrcd(_xrcd: *mut ibv_xrcd) -> c_int {

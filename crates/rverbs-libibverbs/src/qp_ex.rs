@@ -10,7 +10,7 @@ use std::ptr;
 use rverbs::{Payload, QpCaps, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 use rverbs_ibverbs_abi::abi::*;
 
-use crate::convert::{sges, SgeVec};
+use crate::convert::{bind_mw_op, sges, SgeVec};
 use crate::ffi::{copy_from_program, errno_of, guard, lock};
 use crate::handles::{ah_ref, wrapper, Batch, PendingWr, Qp};
 
@@ -21,7 +21,10 @@ pub(crate) const SEND_OPS: ibv_qp_create_send_ops_flags = IBV_QP_EX_WITH_RDMA_WR
     | IBV_QP_EX_WITH_SEND_WITH_IMM
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 export! { "IBVERBS_1.6"
     /// `ibv_qp_to_qp_ex`: the `ibv_qp_ex` of a QP made with send ops, else
@@ -47,6 +50,9 @@ pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
     q.wr_rdma_read = Some(wr_rdma_read);
     q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_bind_mw = Some(wr_bind_mw);
+    q.wr_local_inv = Some(wr_local_inv);
+    q.wr_send_inv = Some(wr_send_inv);
     q.wr_set_sge = Some(wr_set_sge);
     q.wr_set_sge_list = Some(wr_set_sge_list);
     q.wr_set_inline_data = Some(wr_set_inline_data);
@@ -258,6 +264,43 @@ unsafe extern "C" fn wr_rdma_write_imm(
             imm: u32::from_be(imm_data),
         },
     );
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    begin(
+        qp,
+        WrOpcode::SendWithInv {
+            rkey: invalidate_rkey,
+        },
+    );
+}
+
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    begin(
+        qp,
+        WrOpcode::LocalInv {
+            rkey: invalidate_rkey,
+        },
+    );
+}
+
+/// `ibv_wr_bind_mw`: binds window `mw` to `bind_info` under a key with
+/// `rkey`'s tag (a bad window or info fails the batch with EINVAL).
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    bind_info: *const ibv_mw_bind_info,
+) {
+    guard((), || {
+        // SAFETY: the program passes its live window and bind info (whose
+        // MR is live), as ibv_wr_bind_mw requires; NULL is refused.
+        let op = unsafe { bind_info.as_ref().and_then(|i| bind_mw_op(mw, rkey, i)) };
+        match op {
+            Some(op) => begin(qp, op),
+            None => fail(qp, libc::EINVAL),
+        }
+    })
 }
 
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {

@@ -12,7 +12,7 @@ use rverbs::{
 };
 use rverbs_ibverbs_abi::abi::*;
 
-use crate::convert::{sges, SgeVec};
+use crate::convert::{bind_mw_op, sges, SgeVec};
 use crate::ffi::{copy_from_program, errno_of};
 use crate::handles::ah_ref;
 
@@ -53,6 +53,18 @@ unsafe fn opcode_and_flags(wr: &ibv_send_wr) -> Option<(WrOpcode, SendFlags)> {
                 rkey: wr.wr.atomic.rkey,
                 add: wr.wr.atomic.compare_add,
             },
+            IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv {
+                rkey: wr.imm.invalidate_rkey,
+            },
+            IBV_WR_LOCAL_INV => WrOpcode::LocalInv {
+                rkey: wr.imm.invalidate_rkey,
+            },
+            IBV_WR_BIND_MW => {
+                let bind = &wr.bind_mw_tso.bind_mw;
+                // The window and MR are the program's live objects, as
+                // ibv_post_send requires.
+                bind_mw_op(bind.mw, bind.rkey, &bind.bind_info)?
+            }
             _ => return None,
         }
     };

@@ -31,6 +31,15 @@ fn what_rdma_cores_own_tests_expect_holds_in_c() {
     }
 }
 
+/// Memory windows through the C API (issue 16): ibv_alloc_mw, ibv_bind_mw,
+/// IBV_WR_BIND_MW / LOCAL_INV / SEND_WITH_INV and their ibv_wr_* forms.
+#[test]
+fn memory_windows_bind_invalidate_and_fail_as_on_rxe_in_c() {
+    if let Some((ok, text)) = run_c("mw", include_str!("c/mw.c"), &[]) {
+        assert!(ok, "{text}");
+    }
+}
+
 #[test]
 fn rverbs_leak_check_names_what_was_left_alive() {
     let Some((ok, quiet)) = run_c("leaks", include_str!("c/leaks.c"), &[]) else {

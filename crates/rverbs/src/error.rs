@@ -57,6 +57,12 @@ pub enum Verb {
     ReregMr,
     /// `ibv_dereg_mr`.
     DeregMr,
+    /// `ibv_alloc_mw`.
+    AllocMw,
+    /// `ibv_dealloc_mw`.
+    DeallocMw,
+    /// `ibv_bind_mw`.
+    BindMw,
     /// [`MemoryRegion::read_at`](crate::MemoryRegion::read_at).
     MrRead,
     /// [`MemoryRegion::write_at`](crate::MemoryRegion::write_at).
@@ -151,6 +157,9 @@ impl Verb {
             Verb::RegMr => "ibv_reg_mr",
             Verb::ReregMr => "ibv_rereg_mr",
             Verb::DeregMr => "ibv_dereg_mr",
+            Verb::AllocMw => "ibv_alloc_mw",
+            Verb::DeallocMw => "ibv_dealloc_mw",
+            Verb::BindMw => "ibv_bind_mw",
             Verb::MrRead => "MemoryRegion::read_at",
             Verb::MrWrite => "MemoryRegion::write_at",
             Verb::GetAsyncEvent => "ibv_get_async_event",
@@ -222,6 +231,9 @@ pub enum ErrorKind {
     /// `EFAULT`: memory to register is not mapped, or not with the access
     /// the MR asks for.
     BadAddress,
+    /// `EPERM`: the objects named are not allowed together (a memory
+    /// window bound to an MR of another PD).
+    PermissionDenied,
     /// Any other errno the operating system returned.
     Os(i32),
 }
@@ -242,6 +254,7 @@ impl ErrorKind {
             ErrorKind::AddrInUse => E::EADDRINUSE as i32,
             ErrorKind::AddrNotAvailable => E::EADDRNOTAVAIL as i32,
             ErrorKind::BadAddress => E::EFAULT as i32,
+            ErrorKind::PermissionDenied => E::EPERM as i32,
             ErrorKind::Os(n) => n,
         }
     }
@@ -261,6 +274,7 @@ impl ErrorKind {
             E::EADDRINUSE => ErrorKind::AddrInUse,
             E::EADDRNOTAVAIL => ErrorKind::AddrNotAvailable,
             E::EFAULT => ErrorKind::BadAddress,
+            E::EPERM => ErrorKind::PermissionDenied,
             _ => ErrorKind::Os(errno),
         }
     }

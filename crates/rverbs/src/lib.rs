@@ -97,11 +97,15 @@ pub use verbs::context::Context;
 pub use verbs::cq::{CompletionQueue, CqBuilder};
 pub use verbs::device::{add_device, device_by_name, devices, Device};
 pub use verbs::mr::{MemoryRegion, MrBuffer, Rereg};
+pub use verbs::mw::MemoryWindow;
 pub use verbs::pd::ProtectionDomain;
 pub use verbs::qp::{QpBuilder, QueuePair};
 pub use verbs::srq::{SharedReceiveQueue, SrqAttr, SrqAttrMask};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion, ROCE_L3_TYPE_IPV4, ROCE_L3_TYPE_IPV6};
-pub use wr::{Payload, QpState, RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
+pub use wr::{
+    inc_rkey, MwBind, MwBindInfo, MwType, Payload, QpState, RecvWr, SendFlags, SendWr, Sge,
+    UdAddress, WrOpcode,
+};
 
 /// Device counters of running programs — this one's and, over their
 /// counter sockets, other processes' (what `rverbs counters` shows and

@@ -13,6 +13,8 @@ pub enum ResourceKind {
     Pd,
     /// Memory region.
     Mr,
+    /// Memory window.
+    Mw,
     /// Completion queue.
     Cq,
     /// Queue pair.
@@ -31,6 +33,7 @@ impl ResourceKind {
         match self {
             ResourceKind::Pd => "PD",
             ResourceKind::Mr => "MR",
+            ResourceKind::Mw => "MW",
             ResourceKind::Cq => "CQ",
             ResourceKind::Qp => "QP",
             ResourceKind::Srq => "SRQ",
@@ -63,6 +66,8 @@ pub struct ResourceCounts {
     pub pds: usize,
     /// Memory regions.
     pub mrs: usize,
+    /// Memory windows.
+    pub mws: usize,
     /// Completion queues.
     pub cqs: usize,
     /// Queue pairs.
@@ -78,13 +83,21 @@ pub struct ResourceCounts {
 impl ResourceCounts {
     /// Total number of live objects.
     pub fn total(&self) -> usize {
-        self.pds + self.mrs + self.cqs + self.qps + self.srqs + self.ahs + self.comp_channels
+        self.pds
+            + self.mrs
+            + self.mws
+            + self.cqs
+            + self.qps
+            + self.srqs
+            + self.ahs
+            + self.comp_channels
     }
 
     fn slot(&mut self, kind: ResourceKind) -> &mut usize {
         match kind {
             ResourceKind::Pd => &mut self.pds,
             ResourceKind::Mr => &mut self.mrs,
+            ResourceKind::Mw => &mut self.mws,
             ResourceKind::Cq => &mut self.cqs,
             ResourceKind::Qp => &mut self.qps,
             ResourceKind::Srq => &mut self.srqs,
@@ -100,6 +113,7 @@ impl fmt::Display for ResourceCounts {
         let parts = [
             (self.pds, "PD", "PDs"),
             (self.mrs, "MR", "MRs"),
+            (self.mws, "MW", "MWs"),
             (self.cqs, "CQ", "CQs"),
             (self.qps, "QP", "QPs"),
             (self.srqs, "SRQ", "SRQs"),

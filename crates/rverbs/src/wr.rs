@@ -3,6 +3,7 @@
 
 use bitflags::bitflags;
 
+use crate::attr::AccessFlags;
 use crate::verbs::ah::AddressHandle;
 
 /// One piece of a gather or scatter list: `length` bytes at `addr` of the MR
@@ -92,6 +93,111 @@ pub enum WrOpcode {
         /// What to add.
         add: u64,
     },
+    /// SEND that also asks the responder to invalidate `rkey` (a memory
+    /// window of its own, `IBV_WR_SEND_WITH_INV`); RC only. The receiver's
+    /// completion carries the key ([`WcFlags::WITH_INV`](crate::WcFlags::WITH_INV)).
+    SendWithInv {
+        /// The peer's rkey to invalidate.
+        rkey: u32,
+    },
+    /// Binds a memory window (`IBV_WR_BIND_MW`): the window whose current
+    /// rkey is `mw_rkey` comes to cover `info`, under a key whose low 8 bits
+    /// are `rkey`'s. Nothing goes on the wire; it completes as
+    /// [`WcOpcode::BindMw`](crate::WcOpcode::BindMw), or
+    /// [`WcStatus::MwBindErr`](crate::WcStatus::MwBindErr) if the bind is
+    /// refused. [`MemoryWindow::bind_op`](crate::MemoryWindow::bind_op)
+    /// builds one; RC and UC only.
+    BindMw {
+        /// The window's rkey now.
+        mw_rkey: u32,
+        /// Its rkey after the bind: only the low 8 bits (the key's tag) are taken.
+        rkey: u32,
+        /// What the window covers.
+        info: MwBindInfo,
+    },
+    /// Invalidates a type 2 memory window of this QP's PD (`IBV_WR_LOCAL_INV`):
+    /// later remote accesses through `rkey` fail. Completes as
+    /// [`WcOpcode::LocalInv`](crate::WcOpcode::LocalInv), or
+    /// [`WcStatus::LocQpOpErr`](crate::WcStatus::LocQpOpErr) if the key
+    /// names no such window; RC and UC only.
+    LocalInv {
+        /// The key to invalidate.
+        rkey: u32,
+    },
+}
+
+impl WrOpcode {
+    /// Whether the operation is done on this side alone (a memory window
+    /// bind or a local invalidate): it takes no PSN and sends nothing.
+    pub fn is_local(&self) -> bool {
+        matches!(self, WrOpcode::BindMw { .. } | WrOpcode::LocalInv { .. })
+    }
+}
+
+/// `enum ibv_mw_type`: how a memory window is bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum MwType {
+    /// Bound by [`QueuePair::bind_mw`](crate::QueuePair::bind_mw)
+    /// (`ibv_bind_mw`), unbound by a zero-length bind; not invalidated.
+    Type1 = 1,
+    /// Bound by a [`WrOpcode::BindMw`] send WR to the QP that posts it
+    /// (type 2B), invalidated by [`WrOpcode::LocalInv`] or a peer's
+    /// [`WrOpcode::SendWithInv`].
+    Type2 = 2,
+}
+
+/// What a memory window bind covers (`struct ibv_mw_bind_info`): `length`
+/// bytes at `addr` (in the MR's iova space) of the MR whose lkey is
+/// `mr_lkey`, with `access` rights for peers. The MR needs
+/// [`AccessFlags::MW_BIND`] (and `LOCAL_WRITE` for a window peers may write
+/// or run atomics on); a length of 0 unbinds a type 1 window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MwBindInfo {
+    /// lkey of the MR the window lies in (ignored when `length` is 0).
+    pub mr_lkey: u32,
+    /// First byte of the window.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC` (others are ignored;
+    /// `ZERO_BASED`, type 2 only, makes peers' addresses offsets in the window).
+    pub access: AccessFlags,
+}
+
+impl MwBindInfo {
+    /// A window over `length` bytes at `addr` of the MR with `mr_lkey`.
+    pub fn new(mr_lkey: u32, addr: u64, length: u64, access: AccessFlags) -> MwBindInfo {
+        MwBindInfo {
+            mr_lkey,
+            addr,
+            length,
+            access,
+        }
+    }
+
+    /// A zero-length bind: unbinds a type 1 window.
+    pub fn unbind() -> MwBindInfo {
+        MwBindInfo::new(0, 0, 0, AccessFlags::empty())
+    }
+}
+
+/// A type 1 memory window bind (`struct ibv_mw_bind`), for
+/// [`QueuePair::bind_mw`](crate::QueuePair::bind_mw).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MwBind {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// `SIGNALED` (a completion) and `FENCE`; others are ignored.
+    pub flags: SendFlags,
+    /// What the window covers.
+    pub info: MwBindInfo,
+}
+
+/// `ibv_inc_rkey`: `rkey` with its low 8 bits (the tag a bind may change)
+/// counted up by one, wrapping within them.
+pub fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
 }
 
 /// Where a send work request's data comes from.

@@ -70,7 +70,11 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         hw_ver: 1,
         max_qp: MAX_QP,
         max_qp_wr: 16 * 1024,
-        device_cap_flags: DeviceCapFlags::SYS_IMAGE_GUID.union(DeviceCapFlags::SRQ_RESIZE),
+        // Memory windows of type 1 and 2B, as rxe advertises them.
+        device_cap_flags: DeviceCapFlags::SYS_IMAGE_GUID
+            .union(DeviceCapFlags::SRQ_RESIZE)
+            .union(DeviceCapFlags::MEM_WINDOW)
+            .union(DeviceCapFlags::MEM_WINDOW_TYPE_2B),
         max_sge: 32,
         max_sge_rd: 32,
         max_cq: 16 * 1024,
@@ -88,7 +92,7 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         atomic_cap: AtomicCap::Hca,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: 64 * 1024,
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 8192,
@@ -266,7 +270,10 @@ impl SoftDevice {
         let active_mtu = Mtu::for_link_mtu(link_mtu).unwrap_or(Mtu::Mtu256);
         let node_guid = node_guid_for(local);
         let attr = device_attr(node_guid);
-        let mrs = Arc::new(MrTable::new(attr.max_mr as usize));
+        let mrs = Arc::new(MrTable::with_limits(
+            attr.max_mr as usize,
+            attr.max_mw as usize,
+        ));
         let limits = EngineLimits {
             max_mcast_grp: attr.max_mcast_grp,
             max_mcast_qp_attach: attr.max_mcast_qp_attach,

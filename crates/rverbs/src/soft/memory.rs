@@ -1,9 +1,16 @@
 //! Registered memory as the device sees it.
 //!
-//! This module owns three things:
+//! This module owns four things:
 //! - the device's key table ([`MrTable`]): random 32-bit keys, unique per
 //!   device, so a peer cannot guess an rkey (lkey and rkey are the same
-//!   value, as on rxe and mlx5);
+//!   value, as on rxe and mlx5). Keys are found by their upper 24 bits (the
+//!   key's index, unique among MRs and memory windows) and the low 8 bits
+//!   must match too: a memory window keeps its index and changes those 8
+//!   bits (its tag) at each bind, as IBTA's keys are made;
+//! - memory windows ([`MwCore`]): binding, invalidation, and the check a
+//!   remote access through a window's rkey passes (its own range, rights,
+//!   PD and, type 2, QP) before it goes on to the MR beneath
+//!   ([`MrTable::resolve_remote`]);
 //! - the one check every access goes through ([`MrState::check`]): key
 //!   validity, protection domain, access flags, bounds and atomic alignment —
 //!   used for local SGEs, remote requests and the owner's own
@@ -34,10 +41,11 @@
 use crate::soft::keymap::KeyMap;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::attr::AccessFlags;
+use crate::wr::{MwBindInfo, MwType};
 
 /// Where an MR's bytes live.
 pub(crate) struct Region {
@@ -147,6 +155,14 @@ pub(crate) enum AccessKind {
     RemoteWrite,
     /// A peer's atomic: `REMOTE_ATOMIC`, 8 bytes, 8-byte aligned.
     RemoteAtomic,
+    /// A peer's RDMA READ through a memory window bound to the MR: the
+    /// window granted the right and checked its own range
+    /// ([`MrTable::resolve_remote`]); the MR's flags are not asked.
+    WindowRead,
+    /// A peer's RDMA WRITE through a memory window (as `WindowRead`).
+    WindowWrite,
+    /// A peer's atomic through a memory window: 8 bytes, 8-byte aligned.
+    WindowAtomic,
 }
 
 impl AccessKind {
@@ -158,14 +174,34 @@ impl AccessKind {
                 | AccessKind::LocalWrite
                 | AccessKind::RemoteWrite
                 | AccessKind::RemoteAtomic
+                | AccessKind::WindowWrite
+                | AccessKind::WindowAtomic
         )
+    }
+
+    /// Whether the access is an atomic (8 aligned bytes).
+    fn is_atomic(self) -> bool {
+        matches!(self, AccessKind::RemoteAtomic | AccessKind::WindowAtomic)
+    }
+
+    /// The same access made through a memory window.
+    fn through_window(self) -> AccessKind {
+        match self {
+            AccessKind::RemoteRead => AccessKind::WindowRead,
+            AccessKind::RemoteWrite => AccessKind::WindowWrite,
+            AccessKind::RemoteAtomic => AccessKind::WindowAtomic,
+            other => other,
+        }
     }
 
     fn needs(self) -> AccessFlags {
         match self {
-            AccessKind::CpuRead | AccessKind::CpuWrite | AccessKind::LocalRead => {
-                AccessFlags::empty()
-            }
+            AccessKind::CpuRead
+            | AccessKind::CpuWrite
+            | AccessKind::LocalRead
+            | AccessKind::WindowRead
+            | AccessKind::WindowWrite
+            | AccessKind::WindowAtomic => AccessFlags::empty(),
             AccessKind::LocalWrite => AccessFlags::LOCAL_WRITE,
             AccessKind::RemoteRead => AccessFlags::REMOTE_READ,
             AccessKind::RemoteWrite => AccessFlags::REMOTE_WRITE,
@@ -208,6 +244,14 @@ pub(crate) enum AccessError {
         start: u64,
         /// Length of the MR.
         mr_len: u64,
+    },
+    /// A type 2 memory window bound to another QP than the one the access came on.
+    #[error("memory window is bound to QP {mw_qpn:#x}, the access comes from QP {qpn:#x}")]
+    WrongQp {
+        /// The QP the window is bound to.
+        mw_qpn: u32,
+        /// The QP the access came on.
+        qpn: u32,
     },
     /// An atomic on a range that is not 8 bytes at an 8-byte boundary.
     #[error("atomic access at {va:#x}+{len} is not 8 bytes at an 8-byte aligned address")]
@@ -269,7 +313,7 @@ impl MrState {
         if end > self.region.len as u64 {
             return Err(out_of_bounds);
         }
-        if kind == AccessKind::RemoteAtomic && (len != 8 || va % 8 != 0) {
+        if kind.is_atomic() && (len != 8 || va % 8 != 0) {
             return Err(AccessError::Misaligned { va, len });
         }
         Ok(offset as usize)
@@ -467,6 +511,8 @@ pub(crate) struct MrCore {
     /// Handle of the MR (device-unique).
     pub(crate) handle: u64,
     state: RwLock<MrState>,
+    /// Memory windows bound to it (deregistration waits for none).
+    windows: AtomicU32,
 }
 
 impl MrCore {
@@ -474,7 +520,13 @@ impl MrCore {
         MrCore {
             handle,
             state: RwLock::new(state),
+            windows: AtomicU32::new(0),
         }
+    }
+
+    /// How many memory windows are bound to the MR.
+    pub(crate) fn bound_windows(&self) -> u32 {
+        self.windows.load(Ordering::Acquire)
     }
 
     /// Read access: copies run under it.
@@ -516,60 +568,109 @@ impl MrCore {
     }
 }
 
-/// The device's MRs by key.
+/// What a key's index names: an MR or a memory window.
+enum Keyed {
+    Mr(Arc<MrCore>),
+    Mw(Arc<MwCore>),
+}
+
+/// The key table's contents.
+#[derive(Default)]
+struct Keys {
+    /// MRs and windows by their keys' index ([`key_index`]).
+    by_index: KeyMap<Keyed>,
+    /// MRs registered.
+    mrs: usize,
+    /// Windows allocated.
+    mws: usize,
+}
+
+/// The part of a key the table finds it by: all but the low 8 bits (the
+/// tag a memory window's bind changes).
+fn key_index(key: u32) -> u32 {
+    key >> 8
+}
+
+/// A remote access after [`MrTable::resolve_remote`]: the key, address
+/// and kind to make it with — the rkey's own for an MR, the MR beneath
+/// for a memory window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub(crate) key: u32,
+    pub(crate) va: u64,
+    pub(crate) kind: AccessKind,
+}
+
+/// The device's MRs and memory windows by key.
 pub(crate) struct MrTable {
-    by_key: RwLock<KeyMap<Arc<MrCore>>>,
+    keys: RwLock<Keys>,
     limit: usize,
+    mw_limit: usize,
 }
 
 impl MrTable {
+    /// A table of at most `limit` MRs and as many windows.
+    #[cfg(test)]
     pub(crate) fn new(limit: usize) -> MrTable {
+        MrTable::with_limits(limit, limit)
+    }
+
+    /// A table of at most `max_mr` MRs and `max_mw` windows.
+    pub(crate) fn with_limits(max_mr: usize, max_mw: usize) -> MrTable {
         MrTable {
-            by_key: RwLock::new(KeyMap::default()),
-            limit,
+            keys: RwLock::new(Keys::default()),
+            limit: max_mr,
+            mw_limit: max_mw,
         }
     }
 
-    fn map_read(&self) -> RwLockReadGuard<'_, KeyMap<Arc<MrCore>>> {
-        self.by_key.read().unwrap_or_else(|p| p.into_inner())
+    fn keys_read(&self) -> RwLockReadGuard<'_, Keys> {
+        self.keys.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn map_write(&self) -> RwLockWriteGuard<'_, KeyMap<Arc<MrCore>>> {
-        self.by_key.write().unwrap_or_else(|p| p.into_inner())
+    fn keys_write(&self) -> RwLockWriteGuard<'_, Keys> {
+        self.keys.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Number of registered MRs.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map_read().len()
+        self.keys_read().mrs
     }
 
     /// Registers an MR under a fresh key (written into `state.key`). When the
     /// table is full (`max_mr`) the state comes back.
     pub(crate) fn insert(&self, handle: u64, mut state: MrState) -> Result<Arc<MrCore>, MrState> {
-        let mut map = self.map_write();
-        if map.len() >= self.limit {
+        let mut keys = self.keys_write();
+        if keys.mrs >= self.limit {
             return Err(state);
         }
-        let key = fresh_key(&map);
+        let key = fresh_key(&keys.by_index);
         state.key = key;
         let mr = Arc::new(MrCore::new(handle, state));
-        map.insert(key, mr.clone());
+        keys.by_index.insert(key_index(key), Keyed::Mr(mr.clone()));
+        keys.mrs += 1;
         Ok(mr)
     }
 
     /// Gives `mr` a fresh key (re-registration), retiring `old`. Returns the new key.
     pub(crate) fn rekey(&self, mr: &Arc<MrCore>, old: u32) -> u32 {
-        let mut map = self.map_write();
-        map.remove(&old);
-        let key = fresh_key(&map);
-        map.insert(key, mr.clone());
+        let mut keys = self.keys_write();
+        if matches!(keys.by_index.get(&key_index(old)), Some(Keyed::Mr(m)) if Arc::ptr_eq(m, mr)) {
+            keys.by_index.remove(&key_index(old));
+        }
+        let key = fresh_key(&keys.by_index);
+        keys.by_index.insert(key_index(key), Keyed::Mr(mr.clone()));
         key
     }
 
-    /// Forgets a key: later lookups fail.
+    /// Forgets an MR's key: later lookups fail.
     pub(crate) fn remove(&self, key: u32) {
-        self.map_write().remove(&key);
+        let mut keys = self.keys_write();
+        if let Some(Keyed::Mr(_)) = keys.by_index.get(&key_index(key)) {
+            keys.by_index.remove(&key_index(key));
+            keys.mrs -= 1;
+        }
     }
 
     /// The MR `key` names, to open windows on under its read lock
@@ -578,11 +679,13 @@ impl MrTable {
         self.lookup(key)
     }
 
+    /// The MR whose key has `key`'s index; its callers compare the whole
+    /// key under the MR's lock (it may have been re-keyed meanwhile).
     fn lookup(&self, key: u32) -> Result<Arc<MrCore>, AccessError> {
-        self.map_read()
-            .get(&key)
-            .cloned()
-            .ok_or(AccessError::NoSuchKey(key))
+        match self.keys_read().by_index.get(&key_index(key)) {
+            Some(Keyed::Mr(mr)) => Ok(mr.clone()),
+            _ => Err(AccessError::NoSuchKey(key)),
+        }
     }
 
     /// Checks an access to `[va, va+len)` through `key` without moving data.
@@ -638,6 +741,222 @@ impl MrTable {
         }
         Ok(f(state.write_window(va, len, kind, pd)?))
     }
+
+    // ---- memory windows ---------------------------------------------------
+
+    /// Allocates a memory window of type `ty` in PD `pd` under a fresh
+    /// rkey (type 1 valid and unbound, type 2 free); `None` when `max_mw`
+    /// windows exist.
+    pub(crate) fn alloc_mw(&self, handle: u64, ty: MwType, pd: u64) -> Option<Arc<MwCore>> {
+        let mut keys = self.keys_write();
+        if keys.mws >= self.mw_limit {
+            return None;
+        }
+        let rkey = fresh_key(&keys.by_index);
+        let mw = Arc::new(MwCore {
+            handle,
+            ty,
+            pd,
+            index: key_index(rkey),
+            state: Mutex::new(MwState {
+                rkey,
+                binding: None,
+                allocated: true,
+            }),
+        });
+        keys.by_index.insert(key_index(rkey), Keyed::Mw(mw.clone()));
+        keys.mws += 1;
+        Some(mw)
+    }
+
+    /// Deallocates `mw`: its key stops working and a bound window lets its
+    /// MR go (a bound type 2 window too, as rxe).
+    pub(crate) fn dealloc_mw(&self, mw: &Arc<MwCore>) {
+        {
+            let mut keys = self.keys_write();
+            if matches!(keys.by_index.get(&mw.index), Some(Keyed::Mw(m)) if Arc::ptr_eq(m, mw)) {
+                keys.by_index.remove(&mw.index);
+                keys.mws -= 1;
+            }
+        }
+        let mut st = mw.lock();
+        st.allocated = false;
+        st.unbind();
+    }
+
+    /// The window `rkey`'s index names (its whole key is checked under its lock).
+    fn window(&self, rkey: u32) -> Result<Arc<MwCore>, MwError> {
+        match self.keys_read().by_index.get(&key_index(rkey)) {
+            Some(Keyed::Mw(mw)) => Ok(mw.clone()),
+            Some(Keyed::Mr(_)) => Err(MwError::IsMr(rkey)),
+            None => Err(MwError::NoSuchWindow(rkey)),
+        }
+    }
+
+    /// Binds the window whose rkey has `mw_rkey`'s index to `info` for a
+    /// bind WR posted on QP `qpn` of PD `pd`, with `rkey`'s low 8 bits as
+    /// its new tag (IBTA 10.6.7, as rxe checks it). Returns the window's
+    /// new rkey.
+    pub(crate) fn bind_mw(
+        &self,
+        mw_rkey: u32,
+        rkey: u32,
+        info: &MwBindInfo,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<u32, MwError> {
+        let mw = self.window(mw_rkey)?;
+        let mr = if info.length > 0 {
+            Some(
+                self.lookup(info.mr_lkey)
+                    .map_err(|_| MwError::NoSuchMr(info.mr_lkey))?,
+            )
+        } else {
+            None
+        };
+        let mut st = mw.lock();
+        // The window is found by its key's index, whatever the tag: as
+        // mlx5 finds it (rxe also wants the tag current, which a program
+        // that binds type 2 windows by send WR must then copy into its
+        // ibv_mw after each bind).
+        if !st.allocated {
+            return Err(MwError::NoSuchWindow(mw_rkey));
+        }
+        let zero_based = info.access.contains(AccessFlags::ZERO_BASED);
+        match mw.ty {
+            MwType::Type1 if zero_based => return Err(MwError::ZeroBasedType1),
+            MwType::Type1 => {}
+            MwType::Type2 => {
+                if st.binding.is_some() {
+                    return Err(MwError::NotFree);
+                }
+                if pd != mw.pd {
+                    return Err(MwError::WrongPd { mw_pd: mw.pd, pd });
+                }
+                if mr.is_none() {
+                    return Err(MwError::ZeroLengthType2);
+                }
+            }
+        }
+        let binding = match mr {
+            None => None,
+            Some(mr) => {
+                let ms = mr.read();
+                if !ms.valid || ms.key != info.mr_lkey {
+                    return Err(MwError::NoSuchMr(info.mr_lkey));
+                }
+                if ms.pd != mw.pd {
+                    return Err(MwError::WrongPd {
+                        mw_pd: mw.pd,
+                        pd: ms.pd,
+                    });
+                }
+                if !ms.access.contains(AccessFlags::MW_BIND) {
+                    return Err(MwError::MrNotBindable);
+                }
+                let writes = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+                if info.access.intersects(writes) && !ms.access.contains(AccessFlags::LOCAL_WRITE) {
+                    return Err(MwError::MrNotWritable);
+                }
+                let mr_len = ms.region.len() as u64;
+                let inside = if zero_based {
+                    info.length <= mr_len
+                } else {
+                    info.addr >= ms.iova
+                        && info
+                            .addr
+                            .checked_add(info.length)
+                            .is_some_and(|end| end - ms.iova <= mr_len)
+                };
+                if !inside {
+                    return Err(MwError::OutsideMr {
+                        addr: info.addr,
+                        length: info.length,
+                        iova: ms.iova,
+                        mr_len,
+                    });
+                }
+                drop(ms);
+                mr.windows.fetch_add(1, Ordering::AcqRel);
+                Some(MwBinding {
+                    mr,
+                    mr_key: info.mr_lkey,
+                    addr: info.addr,
+                    length: info.length,
+                    access: info.access
+                        & (AccessFlags::REMOTE_READ
+                            | AccessFlags::REMOTE_WRITE
+                            | AccessFlags::REMOTE_ATOMIC),
+                    zero_based,
+                    qpn: (mw.ty == MwType::Type2).then_some(qpn),
+                })
+            }
+        };
+        st.unbind();
+        st.binding = binding;
+        st.rkey = (st.rkey & !0xff) | (rkey & 0xff);
+        Ok(st.rkey)
+    }
+
+    /// Invalidates the type 2 window `rkey` names, in PD `pd`: locally
+    /// (`qpn` `None`, a LOCAL_INV WR) or for a peer's SEND with Invalidate
+    /// arriving on QP `qpn`, which must be the window's. An MR's rkey is
+    /// refused: this device has no fast-registered MRs (rxe refuses user
+    /// MRs too).
+    pub(crate) fn invalidate(&self, rkey: u32, pd: u64, qpn: Option<u32>) -> Result<(), MwError> {
+        let mw = self.window(rkey)?;
+        let mut st = mw.lock();
+        if !st.allocated || st.rkey != rkey {
+            return Err(MwError::NoSuchWindow(rkey));
+        }
+        if mw.ty == MwType::Type1 {
+            return Err(MwError::Type1Invalidated);
+        }
+        if mw.pd != pd {
+            return Err(MwError::WrongPd { mw_pd: mw.pd, pd });
+        }
+        let Some(bound) = &st.binding else {
+            return Err(MwError::NotBound(rkey));
+        };
+        if let Some(q) = qpn {
+            if bound.qpn != Some(q) {
+                return Err(MwError::WrongQp {
+                    mw_qpn: bound.qpn.unwrap_or(0),
+                    qpn: q,
+                });
+            }
+        }
+        st.unbind();
+        Ok(())
+    }
+
+    /// Resolves a peer's access of `kind` to `[va, va+len)` through `rkey`,
+    /// arriving on QP `qpn` of PD `pd`. An MR's rkey resolves to itself
+    /// (the MR's own check follows when the access is made); a bound
+    /// window's is checked here — its key, PD, QP (type 2), rights and
+    /// range — and resolves to the MR beneath, at the address the window
+    /// maps `va` to, with a `Window*` kind. O(1): one table lookup.
+    pub(crate) fn resolve_remote(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<Resolved, AccessError> {
+        // The table stays read-locked while the window's lock is taken
+        // (nothing takes them the other way round): no Arc clone per packet.
+        let keys = self.keys_read();
+        match keys.by_index.get(&key_index(rkey)) {
+            Some(Keyed::Mw(mw)) => mw.resolve(rkey, va, len, kind, pd, qpn),
+            _ => Ok(Resolved {
+                key: rkey,
+                va,
+                kind,
+            }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -659,12 +978,193 @@ impl MrTable {
     }
 }
 
-/// A random key not in use: neither 0 nor all ones, which some programs treat
-/// as "no key".
-fn fresh_key(taken: &KeyMap<Arc<MrCore>>) -> u32 {
+/// Why a memory window bind or invalidation was refused (the WR completes
+/// with `MW_BIND_ERR` or `LOC_QP_OP_ERR`; a peer's SEND with Invalidate is
+/// NAKed invalid request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum MwError {
+    /// No allocated window has this rkey now.
+    #[error("no memory window has rkey {0:#010x}")]
+    NoSuchWindow(u32),
+    /// The key is an MR's, which cannot be bound or invalidated here.
+    #[error("rkey {0:#010x} is a memory region's, not a window's")]
+    IsMr(u32),
+    /// No MR has the bind's lkey.
+    #[error("no memory region has lkey {0:#010x}")]
+    NoSuchMr(u32),
+    /// A type 2 window is bound already (it must be invalidated first).
+    #[error("a type 2 memory window must be free (invalidated) to be bound")]
+    NotFree,
+    /// A zero-length bind of a type 2 window (only type 1 unbinds so).
+    #[error("a type 2 memory window cannot be bound to zero bytes")]
+    ZeroLengthType2,
+    /// A zero-based type 1 window.
+    #[error("a type 1 memory window cannot be zero-based")]
+    ZeroBasedType1,
+    /// The window, the QP or the MR are in different PDs.
+    #[error("the memory window is in PD {mw_pd}, the QP or MR in PD {pd}")]
+    WrongPd {
+        /// The window's PD.
+        mw_pd: u64,
+        /// The other object's.
+        pd: u64,
+    },
+    /// The MR was registered without `MW_BIND`.
+    #[error("the memory region was registered without IBV_ACCESS_MW_BIND")]
+    MrNotBindable,
+    /// A window peers may write into an MR without `LOCAL_WRITE`.
+    #[error("a window with remote write or atomic access needs an MR with LOCAL_WRITE")]
+    MrNotWritable,
+    /// The window does not lie inside the MR.
+    #[error("window {addr:#x}+{length} is outside the memory region {iova:#x}+{mr_len}")]
+    OutsideMr {
+        /// Start of the window.
+        addr: u64,
+        /// Its length.
+        length: u64,
+        /// Start of the MR.
+        iova: u64,
+        /// Length of the MR.
+        mr_len: u64,
+    },
+    /// Type 1 windows are not invalidated (IBTA o10-37.2.26).
+    #[error("a type 1 memory window cannot be invalidated")]
+    Type1Invalidated,
+    /// The window is not bound.
+    #[error("memory window {0:#010x} is not bound")]
+    NotBound(u32),
+    /// A peer's invalidation of a type 2 window bound to another QP.
+    #[error("the memory window is bound to QP {mw_qpn:#x}, not {qpn:#x}")]
+    WrongQp {
+        /// The QP the window is bound to.
+        mw_qpn: u32,
+        /// The QP the request came on.
+        qpn: u32,
+    },
+}
+
+/// A memory window as the device knows it.
+pub(crate) struct MwCore {
+    /// Handle (device-unique).
+    pub(crate) handle: u64,
+    pub(crate) ty: MwType,
+    /// Id of its PD.
+    pub(crate) pd: u64,
+    /// Its keys' index: fixed, only the tag changes.
+    index: u32,
+    state: Mutex<MwState>,
+}
+
+/// A window's mutable part.
+struct MwState {
+    rkey: u32,
+    /// What it is bound to (`None`: a type 1 window not bound, a type 2
+    /// window free).
+    binding: Option<MwBinding>,
+    /// False once deallocated.
+    allocated: bool,
+}
+
+/// What a bound window covers.
+struct MwBinding {
+    /// The MR beneath (counted in its `windows`).
+    mr: Arc<MrCore>,
+    /// The MR's key at bind time: a re-keyed MR is no longer reached.
+    mr_key: u32,
+    addr: u64,
+    length: u64,
+    /// Remote rights only.
+    access: AccessFlags,
+    /// Peers address offsets from `addr`.
+    zero_based: bool,
+    /// Type 2: the QP it was bound on, the only one it serves.
+    qpn: Option<u32>,
+}
+
+impl MwState {
+    /// Drops the binding, letting its MR go.
+    fn unbind(&mut self) {
+        if let Some(old) = self.binding.take() {
+            old.mr.windows.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl MwCore {
+    fn lock(&self) -> MutexGuard<'_, MwState> {
+        // MwState is never left half-updated.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The window's rkey now.
+    pub(crate) fn rkey(&self) -> u32 {
+        self.lock().rkey
+    }
+
+    /// Whether the window is bound (type 1) or valid (type 2).
+    pub(crate) fn is_bound(&self) -> bool {
+        self.lock().binding.is_some()
+    }
+
+    /// See [`MrTable::resolve_remote`].
+    fn resolve(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<Resolved, AccessError> {
+        let st = self.lock();
+        let Some(b) = st
+            .binding
+            .as_ref()
+            .filter(|_| st.allocated && st.rkey == rkey)
+        else {
+            return Err(AccessError::NoSuchKey(rkey));
+        };
+        if pd != self.pd {
+            return Err(AccessError::WrongPd { mr_pd: self.pd, pd });
+        }
+        if let Some(mw_qpn) = b.qpn {
+            if mw_qpn != qpn {
+                return Err(AccessError::WrongQp { mw_qpn, qpn });
+            }
+        }
+        let needed = kind.needs();
+        if needed.is_empty() || !b.access.contains(needed) {
+            return Err(AccessError::Denied {
+                needed,
+                allowed: b.access,
+            });
+        }
+        let start = if b.zero_based { 0 } else { b.addr };
+        let out_of_bounds = AccessError::OutOfBounds {
+            va,
+            len,
+            start,
+            mr_len: b.length,
+        };
+        let offset = va.checked_sub(start).ok_or(out_of_bounds)?;
+        let end = offset.checked_add(len).ok_or(out_of_bounds)?;
+        if end > b.length {
+            return Err(out_of_bounds);
+        }
+        Ok(Resolved {
+            key: b.mr_key,
+            va: b.addr + offset,
+            kind: kind.through_window(),
+        })
+    }
+}
+
+/// A random key whose index is not in use: neither 0 nor all ones, which
+/// some programs treat as "no key".
+fn fresh_key<V>(taken: &KeyMap<V>) -> u32 {
     loop {
         let k = random_u32();
-        if k != 0 && k != u32::MAX && !taken.contains_key(&k) {
+        if k != 0 && k != u32::MAX && !taken.contains_key(&key_index(k)) {
             return k;
         }
     }

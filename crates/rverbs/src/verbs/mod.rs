@@ -8,6 +8,7 @@ pub(crate) mod context;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod mr;
+pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod qp;
 pub(crate) mod srq;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use crate::attr::AccessFlags;
 use crate::error::{Error, ErrorKind, Rejected, Result, Verb};
 use crate::resources::ResourceKind;
+use crate::soft::device::DestroyPath;
 use crate::soft::memory::{AccessError, AccessKind, MrCore, MrState, Region};
 use crate::soft::pd::PdCore;
 use crate::verbs::pd::ProtectionDomain;
@@ -402,8 +403,19 @@ impl MemoryRegion {
     /// Deregisters the MR (`ibv_dereg_mr`) and returns the memory it owned
     /// (`None` for memory registered with [`ProtectionDomain::reg_mr_raw`]).
     /// Waits for device accesses in flight; later accesses with its keys fail.
+    /// EINVAL while memory windows are bound to it (IBA 10.6.7.2.6, as rxe);
+    /// dropping it deregisters it anyway, and the windows reach nothing.
     pub fn dereg(mut self) -> Result<Option<MrBuffer>, Rejected<MemoryRegion>> {
-        if let Err(e) = self.pd.ctx.device.may_destroy(Verb::DeregMr, || None) {
+        let path = match self.pd.ctx.device.destroy_path(Verb::DeregMr) {
+            Ok(path) => path,
+            Err(e) => return Err(Rejected::new(e, self)),
+        };
+        let windows = self.core.bound_windows();
+        if windows > 0 && matches!(path, DestroyPath::Checked) {
+            let e = Error::invalid(
+                Verb::DeregMr,
+                format!("{windows} memory window(s) are bound to the MR; invalidate or unbind them first"),
+            );
             return Err(Rejected::new(e, self));
         }
         Ok(self.release())

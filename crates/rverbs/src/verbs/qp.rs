@@ -18,9 +18,10 @@ use crate::soft::transport::rc::RcConfig;
 use crate::soft::transport::ud::{UdConfig, UdDest, UdSendWqe};
 use crate::soft::transport::{InlineData, RecvWqe, SendWqe, SgeList, WqeData};
 use crate::verbs::cq::CompletionQueue;
+use crate::verbs::mw::MemoryWindow;
 use crate::verbs::pd::ProtectionDomain;
 use crate::verbs::srq::SharedReceiveQueue;
-use crate::wr::{Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
+use crate::wr::{inc_rkey, MwBind, MwType, Payload, QpState, RecvWr, SendFlags, SendWr, WrOpcode};
 
 /// Most bytes of inline data a send WR may carry.
 pub const MAX_INLINE_DATA: u32 = 512;
@@ -574,11 +575,89 @@ impl QueuePair {
         Err(Error::new(verb, kind, msg).with_detail(ErrorDetail::BadWr { index }))
     }
 
+    /// Binds the type 1 memory window `mw` as `bind` says (`ibv_bind_mw`):
+    /// posted as a send WR, which completes as BIND_MW (signaled if `bind`
+    /// asks, or the QP signals all), or with MW_BIND_ERR when the device
+    /// refuses the bind (the QP then goes to ERR). Returns the rkey the
+    /// window has once the bind completes (its low 8 bits counted up, as
+    /// libibverbs' providers do). EINVAL for a type 2 window (bound with a
+    /// [`WrOpcode::BindMw`] send WR instead) or a zero-based one, EPERM for
+    /// an MR in another PD than the window; otherwise as
+    /// [`post_send`](Self::post_send).
+    pub fn bind_mw(&self, mw: &MemoryWindow, bind: &MwBind) -> Result<u32> {
+        let verb = Verb::BindMw;
+        let dev = &self.core.ctx.device;
+        dev.check_alive(verb)?;
+        if mw.mw_type() != MwType::Type1 {
+            return Err(Error::invalid(
+                verb,
+                "ibv_bind_mw binds type 1 windows; bind a type 2 window with a BIND_MW send WR",
+            ));
+        }
+        if bind.info.access.contains(AccessFlags::ZERO_BASED) {
+            return Err(Error::invalid(
+                verb,
+                "a type 1 memory window cannot be zero-based",
+            ));
+        }
+        if bind.info.length > 0 {
+            if let Ok(mr) = dev.mrs.mr(bind.info.mr_lkey) {
+                let mr_pd = mr.read().pd;
+                if mr_pd != mw.pd_handle() {
+                    return Err(Error::new(
+                        verb,
+                        ErrorKind::PermissionDenied,
+                        format!(
+                            "the MR is in PD {mr_pd}, the memory window in PD {}",
+                            mw.pd_handle()
+                        ),
+                    ));
+                }
+            }
+        }
+        let mw_rkey = mw.rkey();
+        let rkey = inc_rkey(mw_rkey);
+        let wr = SendWr {
+            wr_id: bind.wr_id,
+            opcode: WrOpcode::BindMw {
+                mw_rkey,
+                rkey,
+                info: bind.info,
+            },
+            payload: Payload::Sges(&[]),
+            flags: bind.flags & (SendFlags::SIGNALED | SendFlags::FENCE),
+            ud: None,
+        };
+        self.post_send(&wr).map_err(|e| {
+            let mut out = Error::new(verb, e.kind(), e.message().to_string());
+            if let Some(d) = e.detail() {
+                out = out.with_detail(d);
+            }
+            out
+        })?;
+        Ok(rkey)
+    }
+
     /// Checks an RC or UC send WR's arguments and makes its WQE (the engine
     /// checks the PSNs it takes).
     fn prepare_rc(&self, wr: &SendWr<'_>) -> std::result::Result<SendRequest, (ErrorKind, String)> {
         let core = &self.core;
         let bad = |msg: String| Err((ErrorKind::InvalidArgument, msg));
+        let uc = core.qp_type == QpType::Uc;
+        match wr.opcode {
+            WrOpcode::LocalInv { .. } if uc => {
+                return bad("LOCAL_INV is posted on RC QPs (as rxe)".into());
+            }
+            WrOpcode::SendWithInv { .. } if uc => {
+                return bad("UC has no SEND with Invalidate".into());
+            }
+            WrOpcode::BindMw { .. } | WrOpcode::LocalInv { .. } => {
+                // Local operations carry no data: the scatter list is ignored.
+                let wqe = self.send_wqe(wr, WqeData::Sges(SgeList::new()), 0);
+                return Ok(SendRequest::Rc(wqe));
+            }
+            _ => {}
+        }
         let is_rd_atomic = matches!(
             wr.opcode,
             WrOpcode::RdmaRead { .. }

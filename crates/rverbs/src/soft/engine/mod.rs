@@ -665,8 +665,9 @@ impl Engine {
         all: bool,
     ) -> Option<Result<(), Refused<SendRefusal<E>>>> {
         self.bell.note_post();
+        let mem: &MrTable = &self.mrs;
         self.with_slot(AckPolicy::Now, qpn, |slot| {
-            slot.post_send(wrs, prepare, all)
+            slot.post_send(wrs, prepare, all, mem)
         })
     }
 

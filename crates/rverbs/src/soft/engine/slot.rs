@@ -13,7 +13,7 @@ use crate::event::AsyncEventType;
 use crate::soft::transport::rc::{RcConfig, RcCounters, RcQp};
 use crate::soft::transport::recv::SharedRq;
 use crate::soft::transport::ud::{UdConfig, UdCounters, UdQp, UdSendWqe};
-use crate::soft::transport::{QpEvent, RecvWqe, SendWqe};
+use crate::soft::transport::{Memory, QpEvent, RecvWqe, SendWqe};
 use crate::wc::WorkCompletion;
 use crate::wr::QpState;
 
@@ -312,6 +312,7 @@ impl QpSlot {
         wrs: &[W],
         mut prepare: impl FnMut(&W) -> Result<SendRequest, E>,
         all: bool,
+        mem: &dyn Memory,
     ) -> Result<(), Refused<SendRefusal<E>>> {
         let state = self.state();
         // All or none: the WRs checked, waiting to be queued, and the PSNs
@@ -357,17 +358,20 @@ impl QpSlot {
                 ahead = ahead.saturating_add(packets);
                 ready.push(req);
             } else {
-                self.queue_send(req);
+                self.queue_send(req, mem);
             }
         }
         for req in ready {
-            self.queue_send(req);
+            self.queue_send(req, mem);
         }
         Ok(())
     }
 
-    fn queue_send(&mut self, req: SendRequest) {
+    /// Queues a checked request; a local operation (memory window bind,
+    /// local invalidate) is carried out at once, in the order posted.
+    fn queue_send(&mut self, req: SendRequest, mem: &dyn Memory) {
         match (req, &mut self.transport) {
+            (SendRequest::Rc(w), Transport::Rc(rc)) if w.op.is_local() => rc.post_local_op(w, mem),
             (SendRequest::Rc(w), Transport::Rc(rc)) => rc.post_send(w),
             (SendRequest::Ud(w), Transport::Ud(ud)) => ud.post_send(w),
             _ => {}

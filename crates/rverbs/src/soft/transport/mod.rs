@@ -19,9 +19,9 @@ use smallvec::SmallVec;
 
 use crate::attr::AccessFlags;
 use crate::event::AsyncEventType;
-use crate::soft::memory::{AccessError, AccessKind, MrTable};
+use crate::soft::memory::{AccessError, AccessKind, MrTable, MwError, Resolved};
 use crate::wc::WorkCompletion;
-use crate::wr::{Sge, WrOpcode};
+use crate::wr::{MwBindInfo, Sge, WrOpcode};
 
 /// The largest message, in bytes: IBTA's maximum message size, which the
 /// port reports as `max_msg_sz`. Longer sends are EINVAL at post, and a
@@ -66,8 +66,54 @@ pub(crate) trait Memory {
         src: &[u8],
     ) -> Result<(), AccessError>;
     /// Runs an atomic on the 8 bytes at `va` (native byte order, as rxe);
-    /// returns the original value.
-    fn atomic(&self, key: u32, va: u64, pd: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// returns the original value. `kind`: `RemoteAtomic`, or
+    /// `WindowAtomic` through a memory window.
+    fn atomic(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError>;
+    /// Resolves a peer's access through `rkey` arriving on QP `qpn`: a
+    /// memory window's rkey is checked against the window and becomes the
+    /// MR beneath (see `MrTable::resolve_remote`); an MR's stays itself.
+    fn resolve_remote(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<Resolved, AccessError> {
+        let _ = (len, pd, qpn);
+        Ok(Resolved {
+            key: rkey,
+            va,
+            kind,
+        })
+    }
+    /// Binds the memory window `mw_rkey` for a bind WR of QP `qpn` in PD
+    /// `pd`; returns its new rkey.
+    fn bind_mw(
+        &self,
+        mw_rkey: u32,
+        rkey: u32,
+        info: &MwBindInfo,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<u32, MwError> {
+        let _ = (rkey, info, pd, qpn);
+        Err(MwError::NoSuchWindow(mw_rkey))
+    }
+    /// Invalidates the memory window `rkey` (a LOCAL_INV WR, `qpn` `None`;
+    /// or a peer's SEND with Invalidate arriving on QP `qpn`).
+    fn invalidate(&self, rkey: u32, pd: u64, qpn: Option<u32>) -> Result<(), MwError> {
+        let _ = (pd, qpn);
+        Err(MwError::NoSuchWindow(rkey))
+    }
 }
 
 impl Memory for MrTable {
@@ -108,37 +154,63 @@ impl Memory for MrTable {
         })
     }
 
-    fn atomic(&self, key: u32, va: u64, pd: u64, op: AtomicOp) -> Result<u64, AccessError> {
-        MrTable::write(
-            self,
-            key,
-            va,
-            8,
-            AccessKind::RemoteAtomic,
-            Some(pd),
-            |mut w| {
-                // One atomic read-modify-write on the word (foreign memory
-                // may be read and written by its registrant meanwhile).
-                if let Some(word) = w.atomic_u64() {
-                    return match op {
-                        AtomicOp::CompareSwap { compare, swap } => word
-                            .compare_exchange(compare, swap, SeqCst, SeqCst)
-                            .unwrap_or_else(|old| old),
-                        AtomicOp::FetchAdd { add } => word.fetch_add(add, SeqCst),
-                    };
-                }
-                let mut b = [0u8; 8];
-                w.read_into(&mut b);
-                let old = u64::from_ne_bytes(b);
-                let new = match op {
-                    AtomicOp::CompareSwap { compare, swap } if old == compare => swap,
-                    AtomicOp::CompareSwap { .. } => old,
-                    AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+    fn atomic(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError> {
+        MrTable::write(self, key, va, 8, kind, Some(pd), |mut w| {
+            // One atomic read-modify-write on the word (foreign memory
+            // may be read and written by its registrant meanwhile).
+            if let Some(word) = w.atomic_u64() {
+                return match op {
+                    AtomicOp::CompareSwap { compare, swap } => word
+                        .compare_exchange(compare, swap, SeqCst, SeqCst)
+                        .unwrap_or_else(|old| old),
+                    AtomicOp::FetchAdd { add } => word.fetch_add(add, SeqCst),
                 };
-                w.write_from(&new.to_ne_bytes());
-                old
-            },
-        )
+            }
+            let mut b = [0u8; 8];
+            w.read_into(&mut b);
+            let old = u64::from_ne_bytes(b);
+            let new = match op {
+                AtomicOp::CompareSwap { compare, swap } if old == compare => swap,
+                AtomicOp::CompareSwap { .. } => old,
+                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+            };
+            w.write_from(&new.to_ne_bytes());
+            old
+        })
+    }
+
+    fn resolve_remote(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<Resolved, AccessError> {
+        MrTable::resolve_remote(self, rkey, va, len, kind, pd, qpn)
+    }
+
+    fn bind_mw(
+        &self,
+        mw_rkey: u32,
+        rkey: u32,
+        info: &MwBindInfo,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<u32, MwError> {
+        MrTable::bind_mw(self, mw_rkey, rkey, info, pd, qpn)
+    }
+
+    fn invalidate(&self, rkey: u32, pd: u64, qpn: Option<u32>) -> Result<(), MwError> {
+        MrTable::invalidate(self, rkey, pd, qpn)
     }
 }
 

@@ -2567,6 +2567,7 @@ impl Memory for Boundless {
         _: u32,
         _: u64,
         _: u64,
+        _: crate::soft::memory::AccessKind,
         _: super::AtomicOp,
     ) -> Result<u64, crate::soft::memory::AccessError> {
         Ok(0)

@@ -439,7 +439,11 @@ impl RcQp {
 
     pub(super) fn send_wc(&self, e: &SqEntry, status: WcStatus) -> WorkCompletion {
         let (opcode, byte_len) = match e.wqe.op {
-            WrOpcode::Send | WrOpcode::SendWithImm { .. } => (WcOpcode::Send, 0),
+            WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::SendWithInv { .. } => {
+                (WcOpcode::Send, 0)
+            }
+            WrOpcode::BindMw { .. } => (WcOpcode::BindMw, 0),
+            WrOpcode::LocalInv { .. } => (WcOpcode::LocalInv, 0),
             WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => {
                 (WcOpcode::RdmaWrite, 0)
             }

@@ -9,7 +9,8 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use rverbs_wire::{
-    AtomicEthRepr, BthRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn, RethRepr, Transport,
+    AtomicEthRepr, BthRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn, RethRepr,
+    Transport,
 };
 
 use super::{packets_for, position, RcConfig, RcQp, WINDOW};
@@ -283,9 +284,10 @@ impl RcQp {
         self.req.sq.len()
     }
 
-    /// PSNs a send WR of `length` bytes takes.
+    /// PSNs a send WR of `length` bytes takes (none for a local operation).
     pub(crate) fn packets_of(&self, op: &WrOpcode, length: u32) -> u32 {
         match op {
+            WrOpcode::BindMw { .. } | WrOpcode::LocalInv { .. } => 0,
             WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. } => 1,
             _ => packets_for(length, self.cfg.mtu),
         }
@@ -341,6 +343,60 @@ impl RcQp {
         }
         self.req.next_psn = self.req.next_psn.add(npkts);
         self.req.sq.push_back(entry);
+    }
+
+    /// Queues a local operation (a memory window bind, a local invalidate)
+    /// and carries it out at once, in the order posted: it takes no PSN and
+    /// sends nothing. Its completion waits its turn in the send queue
+    /// (BIND_MW or LOCAL_INV); refused, it completes with MW_BIND_ERR
+    /// (bind, as rxe) or LOC_QP_OP_ERR (invalidate) and the QP goes to ERR.
+    /// In ERR it is flushed without effect.
+    pub(crate) fn post_local_op(&mut self, wqe: SendWqe, mem: &dyn Memory) {
+        let entry = SqEntry {
+            wqe,
+            first_psn: self.req.next_psn,
+            npkts: 0,
+            started: true,
+            read_next: 0,
+            read_chunk_end: 0,
+            read_asked_from: 0,
+            read_reasked: false,
+            status: None,
+        };
+        if self.state == QpState::Err {
+            self.events.push_back(QpEvent::SendCompletion(
+                self.send_wc(&entry, WcStatus::WrFlushErr),
+            ));
+            return;
+        }
+        let (pd, qpn) = (self.cfg.pd, self.cfg.qpn);
+        let outcome = match entry.wqe.op {
+            WrOpcode::BindMw {
+                mw_rkey,
+                rkey,
+                info,
+            } => mem
+                .bind_mw(mw_rkey, rkey, &info, pd, qpn)
+                .map(|_| ())
+                .map_err(|e| (WcStatus::MwBindErr, e)),
+            WrOpcode::LocalInv { rkey } => mem
+                .invalidate(rkey, pd, None)
+                .map_err(|e| (WcStatus::LocQpOpErr, e)),
+            _ => Ok(()),
+        };
+        self.req.sq.push_back(entry);
+        match outcome {
+            Ok(()) => {
+                if let Some(e) = self.req.sq.back_mut() {
+                    e.status = Some(WcStatus::Success);
+                }
+                self.pop_completed();
+            }
+            Err((status, why)) => {
+                tracing::debug!("QP {qpn:#x}: local operation refused: {why}");
+                self.fail_at(self.req.sq.len() - 1, status);
+            }
+        }
     }
 
     /// In SQD with SQ_DRAINED asked for: raises it once nothing started is
@@ -578,6 +634,10 @@ impl RcQp {
                     }
                     _ => None,
                 };
+                let invalidate = match op {
+                    WrOpcode::SendWithInv { rkey } => Some(rkey),
+                    _ => None,
+                };
                 match op {
                     WrOpcode::RdmaWrite { remote_addr, rkey }
                     | WrOpcode::RdmaWriteWithImm {
@@ -593,6 +653,15 @@ impl RcQp {
                         }
                     }
                     _ => p.bth.opcode = send_opcode(pos, imm.is_some()),
+                }
+                if let (Some(rkey), true) = (invalidate, pos.ends_message()) {
+                    // The rkey to invalidate rides in the message's last packet.
+                    p.bth.opcode = if pos == Position::Only {
+                        Opcode::RC_SEND_ONLY_WITH_INVALIDATE
+                    } else {
+                        Opcode::RC_SEND_LAST_WITH_INVALIDATE
+                    };
+                    p.ieth = Some(IethRepr(rkey));
                 }
                 if pos.ends_message() {
                     p.imm_dt = imm.map(ImmDtRepr);

@@ -1,6 +1,9 @@
 //! The responder (rxe's `qp->resp`): the receive side of the QP. Its input
 //! checks each request's PSN and opcode sequence (one NAK per gap),
-//! executes SENDs, RDMA WRITEs, READs and atomics against checked memory,
+//! executes SENDs, RDMA WRITEs, READs and atomics against checked memory
+//! (an rkey that names a memory window is checked against the window, then
+//! reaches the MR beneath), invalidates the window a SEND with Invalidate
+//! names,
 //! answers duplicates from saved resources without executing twice, and
 //! refuses what it must; its output is what that owes the peer — ACKs
 //! (coalesced, a plain one possibly held back), NAKs, READ response
@@ -39,7 +42,7 @@ use rverbs_wire::{
 
 use super::{packets_for, position, RcConfig, RcQp};
 use crate::event::AsyncEventType;
-use crate::soft::memory::{AccessError, AccessKind};
+use crate::soft::memory::{AccessError, AccessKind, Resolved};
 use crate::soft::transport::recv::{RecvQueue, SharedRq};
 use crate::soft::transport::{
     qp_allows, recv_flush_wc, scatter, AtomicOp, Memory, PayloadRef, QpEvent, RecvWqe, TxBuffer,
@@ -60,9 +63,9 @@ enum Inbound {
         wqe: RecvWqe,
         offset: u64,
     },
+    /// An RDMA WRITE, to the memory its rkey resolved to at its first packet.
     Write {
-        rkey: u32,
-        va: u64,
+        target: Resolved,
         total: u32,
         done: u32,
     },
@@ -100,8 +103,8 @@ enum Response {
         first_psn: Psn,
         k: u32,
         npkts: u32,
-        va: u64,
-        rkey: u32,
+        /// The memory the request's rkey and address resolved to.
+        target: Resolved,
         len: u32,
         msn: u32,
         /// An answer to a duplicate, not the READ's first.
@@ -171,6 +174,10 @@ enum Refusal {
     /// (LOC_LEN_ERR: too small, NAK invalid request, as rxe; LOC_PROT_ERR: a
     /// bad scatter list, NAK remote operational error).
     RecvBuffer(WcStatus),
+    /// A SEND with Invalidate naming no window this QP may invalidate: the
+    /// receive WR completes with REM_INV_REQ_ERR (rxe's class J), NAK
+    /// invalid request, QP_REQ_ERR.
+    Invalidate,
 }
 
 fn read_response_opcode(pos: Position) -> Opcode {
@@ -328,8 +335,7 @@ impl RcQp {
                 first_psn,
                 k,
                 npkts,
-                va,
-                rkey,
+                target,
                 len,
                 msn,
                 ..
@@ -348,31 +354,29 @@ impl RcQp {
                 }
                 let total = p.emit_around_payload(plen as usize, tx.bytes).ok()?;
                 let start = p.header_len();
-                let va = va.wrapping_add(u64::from(offset));
+                let va = target.va.wrapping_add(u64::from(offset));
+                let (rkey, kind) = (target.key, target.kind);
                 let pd = self.cfg.pd;
                 let read = match tx.refs.as_deref_mut() {
                     // A zero-length READ (only then is `plen` 0) names no
                     // memory: no key is looked up (IBTA C9-88), as the
                     // request was not checked either — any rkey and VA go.
                     _ if plen == 0 => Ok(()),
-                    Some(refs) => {
-                        let kind = AccessKind::RemoteRead;
-                        mem.check(rkey, va, u64::from(plen), pd, kind).map(|()| {
-                            refs.push(PayloadRef {
-                                at: u32::try_from(start).unwrap_or(u32::MAX),
-                                key: rkey,
-                                va,
-                                len: plen,
-                                pd,
-                                kind,
-                            });
-                        })
-                    }
+                    Some(refs) => mem.check(rkey, va, u64::from(plen), pd, kind).map(|()| {
+                        refs.push(PayloadRef {
+                            at: u32::try_from(start).unwrap_or(u32::MAX),
+                            key: rkey,
+                            va,
+                            len: plen,
+                            pd,
+                            kind,
+                        });
+                    }),
                     None => mem.read(
                         rkey,
                         va,
                         pd,
-                        AccessKind::RemoteRead,
+                        kind,
                         &mut tx.bytes[start..start + plen as usize],
                     ),
                 };
@@ -496,12 +500,7 @@ impl RcQp {
             return Err(Refusal::InvalidRequest);
         }
         let pd = self.cfg.pd;
-        if pkt.ieth.is_some() {
-            // SEND with Invalidate: this device has no memory windows or
-            // fast-registered MRs a peer could invalidate; executing it as a
-            // plain SEND would leave the peer believing an rkey revoked.
-            return Err(Refusal::InvalidRequest);
-        }
+        let qpn = self.cfg.qpn;
         match op {
             Operation::Send => {
                 if pos.starts_message() {
@@ -526,16 +525,29 @@ impl RcQp {
                         return Err(Refusal::InvalidRequest);
                     };
                     let imm = pkt.imm_dt.map(|i| i.0);
+                    let (imm_data, wc_flags) = match (imm, pkt.ieth) {
+                        (Some(imm), _) => (imm, WcFlags::WITH_IMM),
+                        (None, Some(inv)) => {
+                            // SEND with Invalidate: the window goes before
+                            // the receive completes (rxe's order).
+                            if let Err(why) = mem.invalidate(inv.0, pd, Some(qpn)) {
+                                tracing::debug!(
+                                    "QP {qpn:#x}: SEND with Invalidate of {:#010x} refused: {why}",
+                                    inv.0
+                                );
+                                self.resp.inbound = Some(Inbound::Send { wqe, offset });
+                                return Err(Refusal::Invalidate);
+                            }
+                            (inv.0, WcFlags::WITH_INV)
+                        }
+                        (None, None) => (0, WcFlags::empty()),
+                    };
                     let wc = WorkCompletion {
                         wr_id: wqe.wr_id,
                         opcode: WcOpcode::Recv,
                         byte_len: offset as u32,
-                        imm_data: imm.unwrap_or(0),
-                        wc_flags: if imm.is_some() {
-                            WcFlags::WITH_IMM
-                        } else {
-                            WcFlags::empty()
-                        },
+                        imm_data,
+                        wc_flags,
                         qp_num: self.cfg.qpn,
                         src_qp: self.cfg.dest_qpn,
                         ..Default::default()
@@ -553,10 +565,9 @@ impl RcQp {
                     let Some(reth) = pkt.reth else {
                         return Err(Refusal::InvalidRequest);
                     };
-                    check_remote(mem, &reth, pd, AccessKind::RemoteWrite)?;
+                    let target = check_remote(mem, &reth, pd, qpn, AccessKind::RemoteWrite)?;
                     self.resp.inbound = Some(Inbound::Write {
-                        rkey: reth.rkey,
-                        va: reth.va,
+                        target,
                         total: reth.dma_len,
                         done: 0,
                     });
@@ -571,8 +582,7 @@ impl RcQp {
                     return Ok(());
                 }
                 let Some(Inbound::Write {
-                    rkey,
-                    va,
+                    target,
                     total,
                     done,
                 }) = &mut self.resp.inbound
@@ -583,8 +593,8 @@ impl RcQp {
                     return Err(Refusal::InvalidRequest);
                 }
                 if plen > 0 {
-                    let at = va.wrapping_add(u64::from(*done));
-                    mem.write(*rkey, at, pd, AccessKind::RemoteWrite, pkt.payload)
+                    let at = target.va.wrapping_add(u64::from(*done));
+                    mem.write(target.key, at, pd, target.kind, pkt.payload)
                         .map_err(|_| Refusal::Access)?;
                 }
                 *done += plen as u32;
@@ -621,7 +631,7 @@ impl RcQp {
                 let Some(reth) = pkt.reth else {
                     return Err(Refusal::InvalidRequest);
                 };
-                check_remote(mem, &reth, pd, AccessKind::RemoteRead)?;
+                let target = check_remote(mem, &reth, pd, qpn, AccessKind::RemoteRead)?;
                 self.free_rd_atomic_resource()?;
                 let npkts = packets_for(reth.dma_len, self.cfg.mtu);
                 self.resp.resources.push_back(Resource::Read {
@@ -636,8 +646,7 @@ impl RcQp {
                     first_psn: psn,
                     k: 0,
                     npkts,
-                    va: reth.va,
-                    rkey: reth.rkey,
+                    target,
                     len: reth.dma_len,
                     msn: self.resp.msn,
                     replay: false,
@@ -664,10 +673,16 @@ impl RcQp {
                 };
                 // A misaligned atomic is an invalid request (rxe: class C,
                 // NAK invalid request); any other refusal an access error.
-                let orig = mem.atomic(a.rkey, a.va, pd, atomic).map_err(|e| match e {
+                let refusal = |e| match e {
                     AccessError::Misaligned { .. } => Refusal::InvalidRequest,
                     _ => Refusal::Access,
-                })?;
+                };
+                let t = mem
+                    .resolve_remote(a.rkey, a.va, 8, AccessKind::RemoteAtomic, pd, qpn)
+                    .map_err(refusal)?;
+                let orig = mem
+                    .atomic(t.key, t.va, pd, t.kind, atomic)
+                    .map_err(refusal)?;
                 self.resp
                     .resources
                     .push_back(Resource::Atomic { psn, orig });
@@ -727,11 +742,14 @@ impl RcQp {
                 {
                     return;
                 }
-                if let Err(refusal) = check_remote(mem, &reth, self.cfg.pd, AccessKind::RemoteRead)
-                {
-                    self.refuse(psn, refusal);
-                    return;
-                }
+                let (pd, qpn) = (self.cfg.pd, self.cfg.qpn);
+                let target = match check_remote(mem, &reth, pd, qpn, AccessKind::RemoteRead) {
+                    Ok(t) => t,
+                    Err(refusal) => {
+                        self.refuse(psn, refusal);
+                        return;
+                    }
+                };
                 // Drop what is still queued of an older attempt at the same
                 // READ (not of other READs); resend from here.
                 self.resp.responses.retain(|r| {
@@ -742,8 +760,7 @@ impl RcQp {
                     first_psn: psn,
                     k: 0,
                     npkts: packets_for(reth.dma_len, mtu),
-                    va: reth.va,
-                    rkey,
+                    target,
                     len: reth.dma_len,
                     msn: self.resp.msn,
                     replay: true,
@@ -879,19 +896,13 @@ impl RcQp {
                 NakCode::RemoteAccessError,
                 Some(AsyncEventType::QpAccessErr),
             ),
+            Refusal::Invalidate => {
+                self.fail_inbound_recv(WcStatus::RemInvReqErr);
+                (NakCode::InvalidRequest, Some(AsyncEventType::QpReqErr))
+            }
             Refusal::RecvBuffer(status) => {
                 // The receive WR that could not take the message fails with `status`.
-                if let Some(Inbound::Send { wqe, .. }) = self.resp.inbound.take() {
-                    let wc = WorkCompletion {
-                        wr_id: wqe.wr_id,
-                        status,
-                        opcode: WcOpcode::Recv,
-                        qp_num: self.cfg.qpn,
-                        src_qp: self.cfg.dest_qpn,
-                        ..Default::default()
-                    };
-                    self.events.push_back(QpEvent::RecvCompletion(wc, false));
-                }
+                self.fail_inbound_recv(status);
                 let code = if status == WcStatus::LocLenErr {
                     NakCode::InvalidRequest
                 } else {
@@ -910,24 +921,52 @@ impl RcQp {
         }
         self.enter_error();
     }
+
+    /// The receive WR of the SEND in progress completes with `status`.
+    fn fail_inbound_recv(&mut self, status: WcStatus) {
+        if let Some(Inbound::Send { wqe, .. }) = self.resp.inbound.take() {
+            let wc = WorkCompletion {
+                wr_id: wqe.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                qp_num: self.cfg.qpn,
+                src_qp: self.cfg.dest_qpn,
+                ..Default::default()
+            };
+            self.events.push_back(QpEvent::RecvCompletion(wc, false));
+        }
+    }
 }
 
-/// Checks the remote access a RETH asks for (none for a zero-length one, as
-/// IBTA allows any key then); a failure is a remote access error. A length
-/// over the maximum message size is an invalid request, whatever the key:
-/// a READ that long would take more PSNs than 24-bit order can tell apart.
+/// Checks the remote access a RETH asks for, arriving on QP `qpn` (none
+/// for a zero-length one, as IBTA allows any key then), and returns the
+/// memory it reaches: a memory window's rkey resolves to the MR beneath. A
+/// failure is a remote access error. A length over the maximum message
+/// size is an invalid request, whatever the key: a READ that long would
+/// take more PSNs than 24-bit order can tell apart.
 fn check_remote(
     mem: &dyn Memory,
     reth: &RethRepr,
     pd: u64,
+    qpn: u32,
     kind: AccessKind,
-) -> Result<(), Refusal> {
+) -> Result<Resolved, Refusal> {
     if reth.dma_len > MAX_MSG_SZ {
         return Err(Refusal::InvalidRequest);
     }
+    let unresolved = Resolved {
+        key: reth.rkey,
+        va: reth.va,
+        kind,
+    };
     if reth.dma_len == 0 {
-        return Ok(());
+        return Ok(unresolved);
     }
-    mem.check(reth.rkey, reth.va, u64::from(reth.dma_len), pd, kind)
-        .map_err(|_| Refusal::Access)
+    let len = u64::from(reth.dma_len);
+    let target = mem
+        .resolve_remote(reth.rkey, reth.va, len, kind, pd, qpn)
+        .map_err(|_| Refusal::Access)?;
+    mem.check(target.key, target.va, len, pd, target.kind)
+        .map_err(|_| Refusal::Access)?;
+    Ok(target)
 }
