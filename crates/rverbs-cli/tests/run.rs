@@ -19,7 +19,9 @@ fn have_library() -> bool {
                 "{} missing: scripts/test builds the workspace before testing",
                 lib.display()
             );
-            eprintln!("skipped: build rverbs-libibverbs, rverbs-librdmacm and rverbs-uverbs-node first");
+            eprintln!(
+                "skipped: build rverbs-libibverbs, rverbs-librdmacm and rverbs-uverbs-node first"
+            );
             return false;
         }
     }
@@ -197,7 +199,11 @@ fn the_installed_files_run_an_unmodified_program_from_anywhere() {
         .unwrap();
     assert!(o.status.success(), "scripts/install: {o:?}");
     let bin = root.join("usr/bin/rverbs");
-    for f in ["libibverbs.so.1", "librdmacm.so.1", "librverbs_uverbs_node.so"] {
+    for f in [
+        "libibverbs.so.1",
+        "librdmacm.so.1",
+        "librverbs_uverbs_node.so",
+    ] {
         assert!(
             root.join("usr/lib/rverbs").join(f).is_file(),
             "{f} installed"

@@ -1184,10 +1184,7 @@ fn ucx_info_lists_rverbs0_with_rc_and_ud_verbs() {
     };
     let lib = common::LibDir::new("ucx-info");
     let o = finish(
-        ucx_command(&exe, "all", &lib)
-            .arg("-d")
-            .spawn()
-            .unwrap(),
+        ucx_command(&exe, "all", &lib).arg("-d").spawn().unwrap(),
         Duration::from_secs(60),
     );
     let text = output_text(&o);

@@ -68,6 +68,33 @@ impl From<IpAddr> for Gid {
     }
 }
 
+impl std::str::FromStr for Gid {
+    type Err = std::net::AddrParseError;
+
+    /// Parses a GID as [`Display`](fmt::Display) writes it (an IPv6
+    /// address), or an IPv4 address (mapped, as on a RoCEv2 port).
+    fn from_str(s: &str) -> std::result::Result<Gid, Self::Err> {
+        match s.parse::<Ipv6Addr>() {
+            Ok(v6) => Ok(Gid(v6.octets())),
+            Err(_) => s.parse::<Ipv4Addr>().map(|v4| Gid::from_ip(IpAddr::V4(v4))),
+        }
+    }
+}
+
+/// A GID goes to and from serde formats as its text (`"::ffff:10.0.0.1"`).
+impl serde::Serialize for Gid {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Gid {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Gid, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// `enum ibv_gid_type`: which protocol a GID table entry is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]

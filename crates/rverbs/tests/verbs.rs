@@ -362,3 +362,30 @@ fn children_hold_their_parents_alive() {
     assert_eq!(mr.dereg().unwrap().unwrap()[..3], [1, 2, 3]);
     cq.destroy().unwrap();
 }
+
+/// An endpoint goes through serde — here JSON — with its GID as text, and
+/// comes back the same; a GID parses from its text or from an IPv4 address.
+#[test]
+fn an_endpoint_goes_through_serde_with_its_gid_as_text() {
+    let ep = rverbs::cm::Endpoint {
+        gid: "10.0.0.1".parse().unwrap(),
+        qpn: 0x12_3456,
+        psn: 0x00ab_cdef,
+        rkey: 0xdead_beef,
+        addr: 0x7f00_0000_1000,
+        len: 65536,
+    };
+    let json = serde_json::to_string(&ep).unwrap();
+    assert!(json.contains(r#""gid":"::ffff:10.0.0.1""#), "{json}");
+    assert!(json.contains(r#""qpn":1193046"#), "{json}");
+    let back: rverbs::cm::Endpoint = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, ep);
+    assert_eq!(
+        "fe80::1".parse::<rverbs::Gid>().unwrap().to_string(),
+        "fe80::1"
+    );
+    assert!(serde_json::from_str::<rverbs::cm::Endpoint>(
+        &json.replace("::ffff:10.0.0.1", "not a gid")
+    )
+    .is_err());
+}

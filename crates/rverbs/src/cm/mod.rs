@@ -32,8 +32,10 @@ use crate::error::{Error, ErrorKind, Result, Verb};
 use crate::verbs::mr::MemoryRegion;
 use crate::verbs::qp::QueuePair;
 
-/// What a peer needs to know to talk to a QP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a peer needs to know to talk to a QP. It goes through serde (the
+/// GID as its text), so programs may exchange it in JSON, TOML or any other
+/// format rather than [`encode`](Self::encode)'s line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Endpoint {
     /// The QP's GID (its device's address).
     pub gid: Gid,
