@@ -25,6 +25,10 @@ pub struct DevinfoArgs {
     /// Print all attributes.
     #[arg(short, long)]
     pub verbose: bool,
+    /// One JSON array of devices (every attribute, ports and GIDs) instead
+    /// of ibv_devinfo's text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `ibv_devices`: name and node GUID of every device.
@@ -71,10 +75,119 @@ pub fn devinfo(args: &DevinfoArgs, out: &mut impl Write) -> Result<()> {
         None if list.is_empty() => bail!("No IB devices found"),
         None => list.iter().collect(),
     };
+    if args.json {
+        let list = chosen
+            .iter()
+            .map(|d| device_json(d, args.port))
+            .collect::<Result<Vec<_>>>()?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+        return Ok(());
+    }
     for d in chosen {
         print_device(d, args, out)?;
     }
     Ok(())
+}
+
+/// One device as JSON: what `devinfo -v` prints, numbers as numbers.
+fn device_json(dev: &Device, only_port: Option<u8>) -> Result<serde_json::Value> {
+    use serde_json::json;
+    let ctx = dev.open().context("Failed to open device")?;
+    let a = ctx.query_device().context("Failed to query device props")?;
+    if only_port.is_some_and(|p| p > a.phys_port_cnt) {
+        bail!("Invalid port requested for device");
+    }
+    let caps: Vec<&str> = CAP_NAMES
+        .iter()
+        .filter(|(f, _)| a.device_cap_flags.contains(*f))
+        .map(|(_, n)| *n)
+        .collect();
+    let gids: Vec<serde_json::Value> = ctx
+        .query_gid_table()
+        .context("Failed to query gid")?
+        .iter()
+        .filter(|e| !e.gid.is_zero())
+        .map(|e| {
+            json!({
+                "index": e.gid_index,
+                "gid": e.gid.to_string(),
+                "type": match e.gid_type {
+                    GidType::RoceV2 => "RoCE v2",
+                    GidType::RoceV1 => "RoCE v1",
+                    GidType::Ib => "IB",
+                },
+            })
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for port in 1..=a.phys_port_cnt {
+        if only_port.is_some_and(|p| p != port) {
+            continue;
+        }
+        let p = ctx
+            .query_port(port)
+            .with_context(|| format!("Failed to query port {port} props"))?;
+        ports.push(json!({
+            "port": port,
+            "state": p.state.name(),
+            "max_mtu": p.max_mtu.bytes(),
+            "active_mtu": p.active_mtu.bytes(),
+            "link_layer": p.link_layer.name(),
+            "lid": p.lid,
+            "sm_lid": p.sm_lid,
+            "max_msg_sz": p.max_msg_sz,
+            "port_cap_flags": p.port_cap_flags.bits(),
+            "bad_pkey_cntr": p.bad_pkey_cntr,
+            "qkey_viol_cntr": p.qkey_viol_cntr,
+            "pkey_tbl_len": p.pkey_tbl_len,
+            "gid_tbl_len": p.gid_tbl_len,
+            "active_width": width_str(p.active_width),
+            "phys_state": phys_state_str(p.phys_state),
+            "gids": gids,
+        }));
+    }
+    Ok(json!({
+        "hca_id": dev.name(),
+        "transport": dev.transport_type().name(),
+        "address": dev.addr().to_string(),
+        "udp_port": rverbs::ROCE_V2_PORT,
+        "interface": dev.interface(),
+        "fw_ver": a.fw_ver,
+        "node_guid": guid_str(a.node_guid),
+        "sys_image_guid": guid_str(a.sys_image_guid),
+        "vendor_id": a.vendor_id,
+        "vendor_part_id": a.vendor_part_id,
+        "hw_ver": a.hw_ver,
+        "phys_port_cnt": a.phys_port_cnt,
+        "max_mr_size": a.max_mr_size,
+        "page_size_cap": a.page_size_cap,
+        "max_qp": a.max_qp,
+        "max_qp_wr": a.max_qp_wr,
+        "device_cap_flags": a.device_cap_flags.bits(),
+        "device_caps": caps,
+        "max_sge": a.max_sge,
+        "max_sge_rd": a.max_sge_rd,
+        "max_cq": a.max_cq,
+        "max_cqe": a.max_cqe,
+        "max_mr": a.max_mr,
+        "max_pd": a.max_pd,
+        "max_qp_rd_atom": a.max_qp_rd_atom,
+        "max_qp_init_rd_atom": a.max_qp_init_rd_atom,
+        "max_res_rd_atom": a.max_res_rd_atom,
+        "atomic_cap": a.atomic_cap.name(),
+        "max_mw": a.max_mw,
+        "max_mcast_grp": a.max_mcast_grp,
+        "max_mcast_qp_attach": a.max_mcast_qp_attach,
+        "max_total_mcast_qp_attach": a.max_total_mcast_qp_attach,
+        "max_ah": a.max_ah,
+        "max_srq": a.max_srq,
+        "max_srq_wr": a.max_srq_wr,
+        "max_srq_sge": a.max_srq_sge,
+        "max_pkeys": a.max_pkeys,
+        "local_ca_ack_delay": a.local_ca_ack_delay,
+        "num_comp_vectors": ctx.num_comp_vectors(),
+        "ports": ports,
+    }))
 }
 
 fn guid_str(guid: u64) -> String {
