@@ -43,6 +43,48 @@ enum Command {
     /// ib_write_bw, rping …) on rverbs' libibverbs.so.1 and librdmacm.so.1:
     /// `rverbs run -- PROGRAM ARGS…`.
     Run(cmd::run::RunArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish,
+    /// elvish, powershell): `rverbs completions bash > /etc/bash_completion.d/rverbs`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page of rverbs (rverbs.1), or with --dir write it and
+    /// one per subcommand (rverbs-bench.1 …) into DIR.
+    Man {
+        /// Write rverbs.1 and rverbs-SUBCOMMAND.1 here instead of printing.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// `rverbs man`: rverbs.1 on `out`, or it and one page per subcommand in
+/// `dir`.
+fn man_pages(dir: Option<&std::path::Path>, out: &mut impl Write) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let cli = <Cli as clap::CommandFactory>::command();
+    let Some(dir) = dir else {
+        clap_mangen::Man::new(cli).render(out)?;
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, cmd: clap::Command| -> anyhow::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut file =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        clap_mangen::Man::new(cmd).render(&mut file)?;
+        Ok(())
+    };
+    for sub in cli.get_subcommands() {
+        // The page's title (clap names take &'static str: a few bytes per
+        // page, once, in a process about to exit).
+        let name: &'static str = Box::leak(format!("rverbs-{}", sub.get_name()).into_boxed_str());
+        write(
+            name,
+            sub.clone().name(name).version(env!("CARGO_PKG_VERSION")),
+        )?;
+    }
+    write("rverbs", cli)
 }
 
 fn main() -> ExitCode {
@@ -56,6 +98,12 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::bench(&args, &mut out).map(|_| ()),
         Command::Pingpong(args) => cmd::pingpong::pingpong(&args, &mut out).map(|_| ()),
         Command::Run(args) => cmd::run::run(&args, &mut out),
+        Command::Completions { shell } => {
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cli, "rverbs", &mut out);
+            Ok(())
+        }
+        Command::Man { dir } => man_pages(dir.as_deref(), &mut out),
         Command::Counters(args) => cmd::counters::counters(&args, &mut out),
         Command::Decode(args) => cmd::decode::decode(&args, &mut out).and_then(|s| {
             let _ = out.flush();

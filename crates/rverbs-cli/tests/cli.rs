@@ -667,3 +667,35 @@ fn rverbs_log_filters_what_reaches_stderr() {
         "{bad}"
     );
 }
+
+/// Shell completions and man pages come from the command's own clap
+/// definitions: every subcommand is in them.
+#[test]
+fn completions_and_man_pages_cover_every_subcommand() {
+    let (ok, bash, err) = rverbs(&["completions", "bash"], None);
+    assert!(ok, "{err}");
+    for sub in ["devinfo", "bench", "pingpong", "counters", "decode", "run"] {
+        assert!(bash.contains(sub), "bash completion lacks {sub}");
+    }
+    let (ok, zsh, _) = rverbs(&["completions", "zsh"], None);
+    assert!(ok && zsh.contains("#compdef rverbs"), "{zsh}");
+    let (ok, _, err) = rverbs(&["completions", "nosuchshell"], None);
+    assert!(!ok && err.contains("nosuchshell"), "{err}");
+    let (ok, page, _) = rverbs(&["man"], None);
+    assert!(
+        ok && page.contains(".TH rverbs 1") && page.contains("pingpong"),
+        "{page}"
+    );
+    let dir = std::env::temp_dir().join(format!("rverbs-man-{}", std::process::id()));
+    let (ok, _, err) = rverbs(&["man", "--dir", dir.to_str().unwrap()], None);
+    assert!(ok, "{err}");
+    let bench = std::fs::read_to_string(dir.join("rverbs-bench.1")).unwrap();
+    assert!(
+        bench.contains(".TH rverbs-bench 1")
+            && bench.contains(r"\-\-pairs")
+            && bench.contains("0.1"),
+        "{bench}"
+    );
+    assert!(dir.join("rverbs.1").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}

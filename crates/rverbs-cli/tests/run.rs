@@ -200,6 +200,14 @@ fn the_installed_files_run_an_unmodified_program_from_anywhere() {
     assert!(o.status.success(), "scripts/install: {o:?}");
     let bin = root.join("usr/bin/rverbs");
     for f in [
+        "share/man/man1/rverbs.1",
+        "share/man/man1/rverbs-run.1",
+        "share/bash-completion/completions/rverbs",
+        "share/zsh/site-functions/_rverbs",
+    ] {
+        assert!(root.join("usr").join(f).is_file(), "{f} installed");
+    }
+    for f in [
         "libibverbs.so.1",
         "librdmacm.so.1",
         "librverbs_uverbs_node.so",
