@@ -13,4 +13,6 @@
 //! for rverbs' librdmacm to call through (with `for_each_rdmacm_function!`,
 //! the list of their prototypes both libraries are generated from).
 
+#![deny(missing_docs)]
+
 pub mod abi;

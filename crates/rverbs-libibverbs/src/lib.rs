@@ -27,6 +27,7 @@
 //!   Debian's): the rdma_cm's ids must reach this library's contexts and
 //!   QPs, so it lives beside them rather than in a second copy of the engine.
 
+#![deny(missing_docs)]
 #![allow(clippy::missing_safety_doc)]
 // C structs are zeroed, then filled field by field as verbs.h lists them.
 #![allow(clippy::field_reassign_with_default)]

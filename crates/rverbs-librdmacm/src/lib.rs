@@ -31,6 +31,7 @@
 //! Modules: `ffi` (errno, panic guard, how each return type fails), `ops`
 //! (finding the table, once), `forward` (the exported functions).
 
+#![deny(missing_docs)]
 #![allow(clippy::missing_safety_doc)]
 
 /// Exports a function under its C name at version node `$node`: the Rust
