@@ -106,6 +106,20 @@ fn every_link_type_and_format_decodes_to_what_scapy_built() {
         // The GSO batch is split into its three segments.
         assert_eq!(stdout.matches("(gso segment ").count(), 3, "{name}");
 
+        // The same capture on stdin (`rverbs decode -`, as from
+        // `tcpdump -w -`) decodes the same.
+        let piped = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+            .args(["decode", "-"])
+            .stdin(std::fs::File::open(dir.join(name)).unwrap())
+            .output()
+            .unwrap();
+        assert!(piped.status.success(), "{name} on stdin: {piped:?}");
+        assert_eq!(
+            String::from_utf8(piped.stdout).unwrap(),
+            stdout,
+            "{name} on stdin"
+        );
+
         let strict = decode(&dir.join(name), true);
         assert!(!strict.status.success(), "{name}: --strict must fail");
         let err = String::from_utf8(strict.stderr).unwrap();

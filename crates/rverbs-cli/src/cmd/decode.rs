@@ -37,7 +37,8 @@ use rverbs_wire::{Bth, Opcode, PacketRepr};
 /// Options of `rverbs decode`.
 #[derive(Args, Debug)]
 pub struct DecodeArgs {
-    /// A pcap or pcapng capture (tcpdump -w, tshark -w, dumpcap).
+    /// A pcap or pcapng capture (tcpdump -w, tshark -w, dumpcap); `-`
+    /// reads it from stdin as it comes (`tcpdump -U -w - | rverbs decode -`).
     pub file: PathBuf,
     /// Exit non-zero if any RoCE packet has a wrong ICRC or is malformed.
     #[arg(long)]
@@ -82,9 +83,15 @@ struct Frame<'a> {
 
 /// Decodes `args.file`, writing one line per RoCE packet to `out`.
 pub fn decode(args: &DecodeArgs, out: &mut impl Write) -> Result<Summary> {
-    let file =
-        File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
-    let mut reader = BufReader::new(file);
+    let input: Box<dyn std::io::Read> = if args.file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(
+            File::open(&args.file)
+                .with_context(|| format!("cannot open {}", args.file.display()))?,
+        )
+    };
+    let mut reader = BufReader::new(input);
     let magic = reader.fill_buf().context("cannot read the capture")?;
     let mut summary = Summary::default();
     let mut on_frame = |f: Frame<'_>| -> Result<()> {
