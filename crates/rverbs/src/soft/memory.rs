@@ -147,6 +147,9 @@ pub(crate) enum AccessKind {
     RemoteWrite,
     /// A peer's atomic: `REMOTE_ATOMIC`, 8 bytes, 8-byte aligned.
     RemoteAtomic,
+    /// A peer's ATOMIC WRITE: `REMOTE_WRITE` (as rxe asks of it), 8 bytes,
+    /// 8-byte aligned.
+    RemoteAtomicWrite,
 }
 
 impl AccessKind {
@@ -158,6 +161,7 @@ impl AccessKind {
                 | AccessKind::LocalWrite
                 | AccessKind::RemoteWrite
                 | AccessKind::RemoteAtomic
+                | AccessKind::RemoteAtomicWrite
         )
     }
 
@@ -168,7 +172,7 @@ impl AccessKind {
             }
             AccessKind::LocalWrite => AccessFlags::LOCAL_WRITE,
             AccessKind::RemoteRead => AccessFlags::REMOTE_READ,
-            AccessKind::RemoteWrite => AccessFlags::REMOTE_WRITE,
+            AccessKind::RemoteWrite | AccessKind::RemoteAtomicWrite => AccessFlags::REMOTE_WRITE,
             AccessKind::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
         }
     }
@@ -269,7 +273,11 @@ impl MrState {
         if end > self.region.len as u64 {
             return Err(out_of_bounds);
         }
-        if kind == AccessKind::RemoteAtomic && (len != 8 || va % 8 != 0) {
+        let atomic = matches!(
+            kind,
+            AccessKind::RemoteAtomic | AccessKind::RemoteAtomicWrite
+        );
+        if atomic && (len != 8 || va % 8 != 0) {
             return Err(AccessError::Misaligned { va, len });
         }
         Ok(offset as usize)
@@ -778,6 +786,37 @@ mod tests {
         assert!(matches!(
             t.write(key, 0x1008, 4, AccessKind::RemoteAtomic, None, nop),
             Err(AccessError::Misaligned { .. })
+        ));
+    }
+
+    #[test]
+    fn an_atomic_write_needs_remote_write_and_eight_aligned_bytes() {
+        let nop = |_: WriteWindow<'_>| ();
+        // REMOTE_ATOMIC is not what it needs: rxe checks REMOTE_WRITE.
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC, 64);
+        assert!(matches!(
+            t.write(key, 0x1008, 8, AccessKind::RemoteAtomicWrite, None, nop),
+            Err(AccessError::Denied {
+                needed: AccessFlags::REMOTE_WRITE,
+                ..
+            })
+        ));
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, 64);
+        t.write(key, 0x1008, 8, AccessKind::RemoteAtomicWrite, None, nop)
+            .unwrap();
+        for (va, len) in [(0x1004, 8), (0x1008, 4), (0x1008, 16)] {
+            assert!(
+                matches!(
+                    t.write(key, va, len, AccessKind::RemoteAtomicWrite, None, nop),
+                    Err(AccessError::Misaligned { .. })
+                ),
+                "{va:#x}+{len}"
+            );
+        }
+        // Bounds come before alignment (rxe: an rkey violation first).
+        assert!(matches!(
+            t.write(key, 0x1044, 8, AccessKind::RemoteAtomicWrite, None, nop),
+            Err(AccessError::OutOfBounds { .. })
         ));
     }
 

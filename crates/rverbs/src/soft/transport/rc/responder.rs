@@ -1,8 +1,8 @@
 //! The responder (rxe's `qp->resp`): the receive side of the QP. Its input
 //! checks each request's PSN and opcode sequence (one NAK per gap),
-//! executes SENDs, RDMA WRITEs, READs and atomics against checked memory,
-//! answers duplicates from saved resources without executing twice, and
-//! refuses what it must; its output is what that owes the peer — ACKs
+//! executes SENDs, RDMA WRITEs, READs, atomics and ATOMIC WRITEs against
+//! checked memory, answers duplicates from saved resources (or with an ACK)
+//! without executing twice, and refuses what it must; its output is what that owes the peer — ACKs
 //! (coalesced, a plain one possibly held back), NAKs, READ response
 //! streams and atomic ACKs — written by [`RcQp::transmit_response`].
 //!
@@ -681,6 +681,40 @@ impl RcQp {
                 self.resp.epsn = psn.next();
                 return Ok(());
             }
+            Operation::AtomicWrite => {
+                // As rxe: the QP must allow REMOTE_WRITE, and the responder
+                // keep READ/atomic resources (though a plain ACK answers
+                // it, and a duplicate is answered as a WRITE's is).
+                if !qp_allows(self.cfg.access, AccessKind::RemoteAtomicWrite) {
+                    return Err(Refusal::InvalidRequest);
+                }
+                if self.cfg.max_dest_rd_atomic == 0 {
+                    return Err(Refusal::TooManyRdAtomic);
+                }
+                let Some(reth) = pkt.reth else {
+                    return Err(Refusal::InvalidRequest);
+                };
+                let Ok(value) = <[u8; 8]>::try_from(pkt.payload) else {
+                    // rxe checks the key before the length.
+                    check_remote(mem, &reth, pd, AccessKind::RemoteWrite)?;
+                    return Err(Refusal::InvalidRequest);
+                };
+                if reth.dma_len != 8 {
+                    check_remote(mem, &reth, pd, AccessKind::RemoteWrite)?;
+                    return Err(Refusal::InvalidRequest);
+                }
+                // One 64-bit store. Misaligned is rxe's "misaligned atomic"
+                // (NAK invalid request); any other refusal an access error.
+                mem.atomic(reth.rkey, reth.va, pd, AtomicOp::Write { value })
+                    .map_err(|e| match e {
+                        AccessError::Misaligned { .. } => Refusal::InvalidRequest,
+                        _ => Refusal::Access,
+                    })?;
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                self.resp.epsn = psn.next();
+                self.queue_ack(psn);
+                return Ok(());
+            }
             _ => return Err(Refusal::InvalidRequest),
         }
         self.resp.epsn = psn.next();
@@ -700,6 +734,8 @@ impl RcQp {
             Operation::Send | Operation::RdmaWrite if pkt.bth.ack_req => {
                 self.queue_ack(self.resp.epsn.sub(1));
             }
+            // Stored once already: acknowledged again, never stored again.
+            Operation::AtomicWrite => self.queue_ack(self.resp.epsn.sub(1)),
             Operation::RdmaReadRequest => {
                 let Some(reth) = pkt.reth else { return };
                 let mtu = self.cfg.mtu;
