@@ -24,7 +24,8 @@ pub(crate) const SEND_OPS: ibv_qp_create_send_ops_flags = IBV_QP_EX_WITH_RDMA_WR
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
     | IBV_QP_EX_WITH_BIND_MW
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 export! { "IBVERBS_1.6"
     /// `ibv_qp_to_qp_ex`: the `ibv_qp_ex` of a QP made with send ops, else
@@ -53,6 +54,7 @@ pub(crate) fn fill_wr_ops(q: &mut ibv_qp_ex) {
     q.wr_bind_mw = Some(wr_bind_mw);
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_send_inv = Some(wr_send_inv);
+    q.wr_atomic_write = Some(wr_atomic_write);
     q.wr_set_sge = Some(wr_set_sge);
     q.wr_set_sge_list = Some(wr_set_sge_list);
     q.wr_set_inline_data = Some(wr_set_inline_data);
@@ -339,6 +341,33 @@ unsafe extern "C" fn wr_atomic_fetch_add(
             add,
         },
     );
+}
+
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` are copied now (the
+/// buffer may be reused as soon as the call returns), as rxe's provider
+/// copies them into its WQE; a NULL pointer fails the batch (EINVAL).
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
+) {
+    guard((), || {
+        if atomic_wr.is_null() {
+            return fail(qp, libc::EINVAL);
+        }
+        let mut value = [0u8; 8];
+        // SAFETY: the API passes 8 readable bytes of the program's memory.
+        unsafe { copy_from_program(atomic_wr.cast::<u8>(), 8, |b| value.copy_from_slice(b)) };
+        begin(
+            qp,
+            WrOpcode::AtomicWrite {
+                remote_addr,
+                rkey,
+                value,
+            },
+        );
+    })
 }
 
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {

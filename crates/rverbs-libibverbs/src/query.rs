@@ -88,7 +88,8 @@ export! { "IBVERBS_1.1"
 /// `verbs_context.query_device_ex` (behind the inline
 /// `ibv_query_device_ex`): the classic attributes, the port count again
 /// (`phys_port_cnt_ex`) and the capability flags as 64 bits
-/// (`device_cap_flags_ex`, none beyond the classic 32), and no other
+/// (`device_cap_flags_ex`: beyond the classic 32 only ATOMIC WRITE, bit
+/// 40, as rxe sets it), and no other
 /// extended capability (ODP, timestamps, TSO, RSS, packet pacing, tag
 /// matching, CQ moderation, device memory: none, as on the kernel's
 /// Soft-RoCE).
@@ -114,7 +115,8 @@ pub(crate) unsafe extern "C" fn query_device_ex(
             Ok(a) => {
                 let mut ex = ibv_device_attr_ex::default();
                 ex.phys_port_cnt_ex = u32::from(a.phys_port_cnt);
-                ex.device_cap_flags_ex = u64::from(a.device_cap_flags);
+                ex.device_cap_flags_ex =
+                    u64::from(a.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
                 ex.orig_attr = a;
                 let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
                 // SAFETY: the caller's buffer holds attr_size bytes; at most

@@ -65,6 +65,12 @@ unsafe fn opcode_and_flags(wr: &ibv_send_wr) -> Option<(WrOpcode, SendFlags)> {
                 // ibv_post_send requires.
                 bind_mw_op(bind.mw, bind.rkey, &bind.bind_info)?
             }
+            // The value comes from the SGEs (see `c_send_wr`).
+            IBV_WR_ATOMIC_WRITE => WrOpcode::AtomicWrite {
+                remote_addr: wr.wr.rdma.remote_addr,
+                rkey: wr.wr.rdma.rkey,
+                value: [0; 8],
+            },
             _ => return None,
         }
     };
@@ -80,6 +86,31 @@ unsafe fn opcode_and_flags(wr: &ibv_send_wr) -> Option<(WrOpcode, SendFlags)> {
         }
     }
     Some((opcode, flags))
+}
+
+/// The 8 bytes an `IBV_WR_ATOMIC_WRITE` posted with `ibv_post_send`
+/// stores: the bytes its SGEs name, exactly 8 of them (else EINVAL), read
+/// from the program's memory at post time as inline data is — rdma-core's
+/// rxe provider takes them from the WQE's inline copy of the SGEs (the
+/// extended API's `ibv_wr_atomic_write` passes them directly).
+///
+/// # Safety
+/// Each SGE must name `length` readable bytes of the program's memory.
+unsafe fn atomic_write_value(sges: &SgeVec) -> Result<[u8; 8], c_int> {
+    let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+    if total != 8 {
+        return Err(libc::EINVAL);
+    }
+    let mut value = SmallVec::<[u8; 8]>::new();
+    for s in sges.iter().filter(|s| s.length > 0) {
+        // SAFETY: per the caller; 8 bytes in all, checked above.
+        unsafe {
+            copy_from_program(s.addr as *const u8, s.length as usize, |b| {
+                value.extend_from_slice(b)
+            })
+        };
+    }
+    <[u8; 8]>::try_from(value.as_slice()).map_err(|_| libc::EINVAL)
 }
 
 /// One C send WR taken apart: what the rverbs WR borrows.
@@ -110,7 +141,21 @@ unsafe fn c_send_wr<'a>(at: *mut ibv_send_wr, qp: &QueuePair) -> Result<CSendWr<
     // max_send_sge (sges checks that before reading).
     let sges = unsafe { sges(w.sg_list, w.num_sge, caps.max_send_sge) }.ok_or(libc::EINVAL)?;
     // SAFETY: a valid WR.
-    let (opcode, flags) = unsafe { opcode_and_flags(w) }.ok_or(libc::EINVAL)?;
+    let (mut opcode, flags) = unsafe { opcode_and_flags(w) }.ok_or(libc::EINVAL)?;
+    if let WrOpcode::AtomicWrite { value, .. } = &mut opcode {
+        // SAFETY: the SGEs name the program's own memory, read as inline
+        // data is.
+        *value = unsafe { atomic_write_value(&sges) }?;
+        return Ok(CSendWr {
+            at,
+            wr_id: w.wr_id,
+            opcode,
+            flags: flags - SendFlags::INLINE,
+            sges: SgeVec::new(),
+            inline: SmallVec::new(),
+            ud: None,
+        });
+    }
     let mut inline = SmallVec::new();
     if flags.contains(SendFlags::INLINE) {
         // Checked before anything is read: no copy of an oversized

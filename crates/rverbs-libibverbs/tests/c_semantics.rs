@@ -13,6 +13,15 @@ fn run_c(name: &str, source: &str, env: &[(&str, &str)]) -> Option<(bool, String
     Some((ok && text.contains("ALL OK"), text))
 }
 
+/// IBV_WR_ATOMIC_WRITE through both post APIs, its completions and its
+/// refusals, and the capability bit (`c/atomic_write.c`).
+#[test]
+fn atomic_write_works_from_c_as_on_rxe() {
+    if let Some((ok, text)) = run_c("atomic_write", include_str!("c/atomic_write.c"), &[]) {
+        assert!(ok, "{text}");
+    }
+}
+
 #[test]
 fn seed_man_pages_events_and_error_paths_hold_in_c() {
     if let Some((ok, text)) = run_c("semantics", include_str!("c/semantics.c"), &[]) {

@@ -59,6 +59,9 @@ pub enum Operation {
     CompareSwap,
     /// Atomic fetch and add.
     FetchAdd,
+    /// Atomic write (IBTA 1.5): 8 bytes stored at once, answered like a
+    /// WRITE.
+    AtomicWrite,
     /// Congestion notification.
     Cnp,
 }
@@ -209,7 +212,7 @@ const fn base(
     }
 }
 
-/// The IBTA opcode table (vol. 1, table 38), low five bits. UD packets add a
+/// The IBTA opcode table (vol. 1, table 38; ATOMIC WRITE from 1.5), low five bits. UD packets add a
 /// DETH after the BTH.
 const BASE: &[Base] = {
     use Operation::*;
@@ -386,6 +389,7 @@ const BASE: &[Base] = {
             true,
             RC,
         ),
+        base(0x1d, "ATOMIC_WRITE", AtomicWrite, Only, RETH, true, RC),
     ]
 };
 
@@ -476,6 +480,7 @@ opcodes! {
     RC_FETCH_ADD = 0x14;
     RC_SEND_LAST_WITH_INVALIDATE = 0x16;
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17;
+    RC_ATOMIC_WRITE = 0x1d;
     UC_SEND_FIRST = 0x20;
     UC_SEND_MIDDLE = 0x21;
     UC_SEND_LAST = 0x22;
@@ -536,8 +541,8 @@ mod tests {
         let ud = Opcode::all()
             .filter(|o| (0x60..0x80).contains(&o.0))
             .count();
-        assert_eq!((rc, uc, ud), (23, 12, 2));
-        assert_eq!(Opcode::all().count(), 23 + 12 + 2 + 1);
+        assert_eq!((rc, uc, ud), (24, 12, 2));
+        assert_eq!(Opcode::all().count(), 24 + 12 + 2 + 1);
         // RD (0x40..) and reserved codes are unknown.
         assert!(Opcode(0x40).info().is_none());
         assert!(Opcode(0x15).info().is_none());
@@ -590,6 +595,24 @@ mod tests {
                 .unwrap()
                 .has_payload
         );
+    }
+
+    #[test]
+    fn atomic_write_is_rc_only_with_a_reth_and_eight_bytes_of_payload() {
+        // IBTA 1.5: RC ATOMIC WRITE, opcode 0x1D — BTH + RETH, then the
+        // 8 bytes to store as the payload, one packet.
+        let info = Opcode::RC_ATOMIC_WRITE.info().expect("in the table");
+        assert_eq!(Opcode::RC_ATOMIC_WRITE.0, 0x1d);
+        assert_eq!(info.transport, Transport::Rc);
+        assert_eq!(info.operation, Operation::AtomicWrite);
+        assert_eq!(info.position, Position::Only);
+        assert_eq!(info.headers, Headers::RETH);
+        assert!(info.has_payload);
+        assert_eq!(info.header_len(), 12 + 16);
+        assert_eq!(Opcode::RC_ATOMIC_WRITE.to_string(), "RC_ATOMIC_WRITE");
+        // No UC or UD form.
+        assert!(Opcode(0x3d).info().is_none());
+        assert!(Opcode(0x7d).info().is_none());
     }
 
     #[test]

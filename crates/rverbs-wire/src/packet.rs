@@ -399,6 +399,31 @@ mod tests {
     }
 
     #[test]
+    fn atomic_write_layout() {
+        let mut p = bare(Opcode::RC_ATOMIC_WRITE);
+        p.reth = Some(RethRepr {
+            va: 0x2008,
+            rkey: 0x1234,
+            dma_len: 8,
+        });
+        p.payload = &[1, 2, 3, 4, 5, 6, 7, 8];
+        let mut buf = [0u8; 64];
+        let n = p.emit(&mut buf).unwrap();
+        assert_eq!(n, 12 + 16 + 8 + 4, "BTH, RETH, 8 bytes, ICRC; no pad");
+        assert_eq!(buf[0], 0x1d);
+        assert_eq!(
+            &buf[12..28],
+            &[0, 0, 0, 0, 0, 0, 0x20, 0x08, 0, 0, 0x12, 0x34, 0, 0, 0, 8]
+        );
+        assert_eq!(&buf[28..36], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(PacketRepr::parse(&buf[..n]).unwrap(), p);
+        // Without its RETH it cannot be built.
+        let mut q = p;
+        q.reth = None;
+        assert!(q.emit(&mut buf).is_err());
+    }
+
+    #[test]
     fn atomic_ack_layout() {
         let mut p = bare(Opcode::RC_ATOMIC_ACKNOWLEDGE);
         p.aeth = Some(AethRepr {

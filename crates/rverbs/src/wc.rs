@@ -105,6 +105,8 @@ pub enum WcOpcode {
     BindMw = 5,
     /// A local invalidate completed.
     LocalInv = 6,
+    /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
+    AtomicWrite = 9,
     /// A receive WR consumed an incoming SEND.
     Recv = 128,
     /// A receive WR consumed an incoming RDMA WRITE with immediate.

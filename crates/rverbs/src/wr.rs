@@ -124,6 +124,25 @@ pub enum WrOpcode {
         /// The key to invalidate.
         rkey: u32,
     },
+    /// ATOMIC WRITE (IBTA 1.5, `IBV_WR_ATOMIC_WRITE`): the 8 bytes of
+    /// `value` land at `remote_addr` in one 64-bit store, so a reader of
+    /// the word sees all of them or none (an RDMA WRITE of 8 bytes may
+    /// land a byte at a time). RC only. The remote MR needs `REMOTE_WRITE`
+    /// (as an RDMA WRITE, not `REMOTE_ATOMIC`) and the address 8-byte
+    /// alignment: a misaligned one completes with `RemInvReqErr`. The
+    /// value travels in the opcode, so the WR's payload must be empty (no
+    /// SGEs); it completes as [`WcOpcode::AtomicWrite`](crate::WcOpcode::AtomicWrite).
+    /// Like READs and atomics it takes one of the QP's `max_rd_atomic`
+    /// credits while outstanding, and a fenced WR waits for it.
+    AtomicWrite {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// The remote MR's rkey.
+        rkey: u32,
+        /// The bytes to store, in memory order (`u64::to_ne_bytes` for a
+        /// word in the responder's byte order).
+        value: [u8; 8],
+    },
 }
 
 impl WrOpcode {
@@ -217,7 +236,8 @@ pub struct SendWr<'a> {
     pub wr_id: u64,
     /// The operation.
     pub opcode: WrOpcode,
-    /// The data (for READ and atomics: where the result lands).
+    /// The data (for READ and atomics: where the result lands; nothing for
+    /// an ATOMIC WRITE, whose value is in the opcode).
     pub payload: Payload<'a>,
     /// Flags.
     pub flags: SendFlags,

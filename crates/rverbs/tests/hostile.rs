@@ -360,7 +360,8 @@ impl Victim {
     /// A packet of opcode `op` for this victim at `psn`, ACK requested,
     /// every header its opcode needs filled in: RETHs and AtomicETHs name
     /// the victim's MR with its real rkey (WRITEs land at `LAND_AT`, READs
-    /// read `SOURCE`, atomics add or swap in 5 at `ATOMIC_AT`), ACKs are
+    /// read `SOURCE`, atomics add or swap in 5 at `ATOMIC_AT`, ATOMIC
+    /// WRITEs store 8 bytes there), ACKs are
     /// positive; first and middle packets carry a full MTU, last and only
     /// ones 16 bytes.
     fn packet(&self, op: Opcode, psn: Psn) -> PacketRepr<'static> {
@@ -376,7 +377,15 @@ impl Victim {
             };
         }
         let h = info.headers;
-        if h.contains(Headers::RETH) {
+        if info.operation == Operation::AtomicWrite {
+            // An ATOMIC WRITE: 8 bytes to an aligned word.
+            p.payload = &TAIL[..8];
+            p.reth = Some(RethRepr {
+                va: self.va(ATOMIC_AT),
+                rkey,
+                dma_len: 8,
+            });
+        } else if h.contains(Headers::RETH) {
             p.reth = Some(if info.operation == Operation::RdmaReadRequest {
                 RethRepr {
                     va: self.va(SOURCE_AT),
@@ -863,7 +872,10 @@ fn rc_opcode_around_expected(hostile: &Hostile, op: Opcode) {
         keys.contains(&seq_nak),
         "{what}: no sequence NAK among {answers:?}"
     );
-    let send_or_write = matches!(info.operation, Operation::Send | Operation::RdmaWrite);
+    let send_or_write = matches!(
+        info.operation,
+        Operation::Send | Operation::RdmaWrite | Operation::AtomicWrite
+    );
     let dup_ack = (Opcode::RC_ACKNOWLEDGE, v.epsn.sub(1).value(), ack);
     // Duplicate SENDs and WRITEs are ACKed again, but that ACK may not be
     // seen on its own: if it was still queued when the packet past the gap
@@ -955,6 +967,10 @@ fn rc_opcode_around_expected(hostile: &Hostile, op: Opcode) {
             }
         }
         (Operation::CompareSwap | Operation::FetchAdd, _) => want_atomic = 5,
+        // Stored once, in memory order, whatever the duplicates.
+        (Operation::AtomicWrite, _) => {
+            want_atomic = u64::from_ne_bytes(TAIL[..8].try_into().unwrap());
+        }
         _ => {}
     }
     let got = wait(&v.side.cq, want_wc.len(), &what);

@@ -214,6 +214,85 @@ fn rdma_write_read_and_atomics() {
 }
 
 #[test]
+fn atomic_write_lands_eight_bytes_and_completes_as_atomic_write() {
+    let (a, b) = pair_on_one_device();
+    let word = b.mr.iova() + 4096;
+    let value = 0x0102_0304_0506_0708u64.to_ne_bytes();
+    let op = WrOpcode::AtomicWrite {
+        remote_addr: word,
+        rkey: b.mr.rkey(),
+        value,
+    };
+    // The value is in the opcode: a payload is a misuse (EINVAL).
+    let err =
+        a.qp.post_send(&SendWr::new(1, op, &[sge(&a.mr, 0, 8)]))
+            .unwrap_err();
+    assert_eq!(err.kind(), rverbs::ErrorKind::InvalidArgument, "{err}");
+    a.qp.post_send(&SendWr::new(2, op, &[]).signaled()).unwrap();
+    let wcs = wait(&a.cq, 1);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].opcode, wcs[0].byte_len),
+        (2, WcStatus::Success, WcOpcode::AtomicWrite, 8)
+    );
+    let mut got = [0u8; 16];
+    b.mr.read_at(4096, &mut got).unwrap();
+    assert_eq!(got[..8], value);
+    assert_eq!(got[8..], [0; 8], "eight bytes, no more");
+    assert!(
+        b.cq.poll(&mut [WorkCompletion::default(); 4]).unwrap() == 0,
+        "one-sided: no receive completion"
+    );
+    // Misaligned: the responder refuses it as an invalid request (rxe).
+    a.qp.post_send(
+        &SendWr::new(
+            3,
+            WrOpcode::AtomicWrite {
+                remote_addr: word + 12,
+                rkey: b.mr.rkey(),
+                value,
+            },
+            &[],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    let wcs = wait(&a.cq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (3, WcStatus::RemInvReqErr));
+    b.mr.read_at(4096 + 8, &mut got).unwrap();
+    assert_eq!(got, [0; 16], "nothing stored");
+}
+
+#[test]
+fn atomic_write_needs_remote_write_not_remote_atomic() {
+    let (a, b) = pair_on_one_device();
+    let mr = b
+        ._pd
+        .alloc_mr(
+            4096,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    a.qp.post_send(
+        &SendWr::new(
+            1,
+            WrOpcode::AtomicWrite {
+                remote_addr: mr.iova(),
+                rkey: mr.rkey(),
+                value: [0xee; 8],
+            },
+            &[],
+        )
+        .signaled(),
+    )
+    .unwrap();
+    let wcs = wait(&a.cq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RemAccessErr));
+    let mut got = [1u8; 8];
+    mr.read_at(0, &mut got).unwrap();
+    assert_eq!(got, [0; 8], "nothing stored");
+}
+
+#[test]
 fn two_devices_on_two_loopback_addresses() {
     let second = rverbs::add_device(DeviceConfig::loopback().named("rc-second")).unwrap();
     let first = &devices().unwrap()[0];

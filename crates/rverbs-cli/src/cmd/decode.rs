@@ -798,6 +798,31 @@ mod tests {
     }
 
     #[test]
+    fn an_atomic_write_is_named() {
+        let mut p = PacketRepr::new(BthRepr {
+            ack_req: true,
+            ..BthRepr::new(Opcode::RC_ATOMIC_WRITE, QP, Psn::new(77))
+        });
+        p.reth = Some(RethRepr {
+            va: 0x7f00_0000_1008,
+            rkey: 0xabcd,
+            dma_len: 8,
+        });
+        p.payload = &[9; 8];
+        let mut pkt = vec![0; p.buffer_len()];
+        p.emit(&mut pkt).unwrap();
+        let (ip, udp) = headers(Net::V4(0), pkt.len(), 0);
+        icrc::fill(&ip, &udp, &mut pkt).unwrap();
+        let (summary, out) = decode_frames("atomic-write", &[frame(&ip, &udp, &pkt)], true);
+        assert!(
+            out.contains("RC_ATOMIC_WRITE qp 0x123456 psn 77 ")
+                && out.contains(" len 8 icrc ok 0x"),
+            "{out}"
+        );
+        assert_eq!((summary.roce, summary.malformed), (1, 0));
+    }
+
+    #[test]
     fn a_batch_prints_one_line_per_segment_and_counts_them() {
         let sends: Vec<Vec<u8>> = (0..5)
             .map(|k| packet(Opcode::RC_SEND_ONLY, 40 + k, &[k as u8; 200]))

@@ -109,6 +109,10 @@ pub const IBV_DEVICE_RAW_IP_CSUM: ibv_device_cap_flags = 1 << 26;
 pub const IBV_DEVICE_MANAGED_FLOW_STEERING: ibv_device_cap_flags = 1 << 29;
 /// `#define IBV_DEVICE_RAW_SCATTER_FCS` (bit of `device_cap_flags_ex`).
 pub const IBV_DEVICE_RAW_SCATTER_FCS: u64 = 1 << 34;
+/// The kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE` (bit of
+/// `device_cap_flags_ex`, which the kernel passes through; libibverbs has
+/// no name for it): the device executes ATOMIC WRITE (Linux rxe sets it).
+pub const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 /// `#define IBV_DEVICE_PCI_WRITE_END_PADDING` (bit of `device_cap_flags_ex`).
 pub const IBV_DEVICE_PCI_WRITE_END_PADDING: u64 = 1 << 36;
 

@@ -163,6 +163,12 @@ pub(crate) enum AccessKind {
     WindowWrite,
     /// A peer's atomic through a memory window: 8 bytes, 8-byte aligned.
     WindowAtomic,
+    /// A peer's ATOMIC WRITE: `REMOTE_WRITE` (as rxe asks of it), 8 bytes,
+    /// 8-byte aligned.
+    RemoteAtomicWrite,
+    /// A peer's ATOMIC WRITE through a memory window: 8 bytes, 8-byte
+    /// aligned (the window granted `REMOTE_WRITE`).
+    WindowAtomicWrite,
 }
 
 impl AccessKind {
@@ -176,12 +182,20 @@ impl AccessKind {
                 | AccessKind::RemoteAtomic
                 | AccessKind::WindowWrite
                 | AccessKind::WindowAtomic
+                | AccessKind::RemoteAtomicWrite
+                | AccessKind::WindowAtomicWrite
         )
     }
 
     /// Whether the access is an atomic (8 aligned bytes).
     fn is_atomic(self) -> bool {
-        matches!(self, AccessKind::RemoteAtomic | AccessKind::WindowAtomic)
+        matches!(
+            self,
+            AccessKind::RemoteAtomic
+                | AccessKind::WindowAtomic
+                | AccessKind::RemoteAtomicWrite
+                | AccessKind::WindowAtomicWrite
+        )
     }
 
     /// The same access made through a memory window.
@@ -190,6 +204,7 @@ impl AccessKind {
             AccessKind::RemoteRead => AccessKind::WindowRead,
             AccessKind::RemoteWrite => AccessKind::WindowWrite,
             AccessKind::RemoteAtomic => AccessKind::WindowAtomic,
+            AccessKind::RemoteAtomicWrite => AccessKind::WindowAtomicWrite,
             other => other,
         }
     }
@@ -201,10 +216,11 @@ impl AccessKind {
             | AccessKind::LocalRead
             | AccessKind::WindowRead
             | AccessKind::WindowWrite
-            | AccessKind::WindowAtomic => AccessFlags::empty(),
+            | AccessKind::WindowAtomic
+            | AccessKind::WindowAtomicWrite => AccessFlags::empty(),
             AccessKind::LocalWrite => AccessFlags::LOCAL_WRITE,
             AccessKind::RemoteRead => AccessFlags::REMOTE_READ,
-            AccessKind::RemoteWrite => AccessFlags::REMOTE_WRITE,
+            AccessKind::RemoteWrite | AccessKind::RemoteAtomicWrite => AccessFlags::REMOTE_WRITE,
             AccessKind::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
         }
     }
@@ -1278,6 +1294,37 @@ mod tests {
         assert!(matches!(
             t.write(key, 0x1008, 4, AccessKind::RemoteAtomic, None, nop),
             Err(AccessError::Misaligned { .. })
+        ));
+    }
+
+    #[test]
+    fn an_atomic_write_needs_remote_write_and_eight_aligned_bytes() {
+        let nop = |_: WriteWindow<'_>| ();
+        // REMOTE_ATOMIC is not what it needs: rxe checks REMOTE_WRITE.
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC, 64);
+        assert!(matches!(
+            t.write(key, 0x1008, 8, AccessKind::RemoteAtomicWrite, None, nop),
+            Err(AccessError::Denied {
+                needed: AccessFlags::REMOTE_WRITE,
+                ..
+            })
+        ));
+        let (t, _mr, key) = table_with(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, 64);
+        t.write(key, 0x1008, 8, AccessKind::RemoteAtomicWrite, None, nop)
+            .unwrap();
+        for (va, len) in [(0x1004, 8), (0x1008, 4), (0x1008, 16)] {
+            assert!(
+                matches!(
+                    t.write(key, va, len, AccessKind::RemoteAtomicWrite, None, nop),
+                    Err(AccessError::Misaligned { .. })
+                ),
+                "{va:#x}+{len}"
+            );
+        }
+        // Bounds come before alignment (rxe: an rkey violation first).
+        assert!(matches!(
+            t.write(key, 0x1044, 8, AccessKind::RemoteAtomicWrite, None, nop),
+            Err(AccessError::OutOfBounds { .. })
         ));
     }
 

@@ -664,8 +664,29 @@ impl QueuePair {
                 | WrOpcode::AtomicCmpAndSwp { .. }
                 | WrOpcode::AtomicFetchAndAdd { .. }
         );
-        if is_rd_atomic && core.qp_type == QpType::Uc {
-            return bad("UC QPs carry no READs or atomics".into());
+        let atomic_write = matches!(wr.opcode, WrOpcode::AtomicWrite { .. });
+        if (is_rd_atomic || atomic_write) && core.qp_type == QpType::Uc {
+            return bad("UC QPs carry no READs, atomics or ATOMIC WRITEs".into());
+        }
+        if atomic_write {
+            // Its 8 bytes travel in the opcode; the requester sends them
+            // from there.
+            let carries = match wr.payload {
+                Payload::Sges(sges) => !sges.is_empty(),
+                Payload::Inline(data) => !data.is_empty(),
+            };
+            if carries {
+                return bad(
+                    "an ATOMIC WRITE carries its 8 bytes in WrOpcode::AtomicWrite's value; \
+                     its payload must be empty"
+                        .into(),
+                );
+            }
+            return Ok(SendRequest::Rc(self.send_wqe(
+                wr,
+                WqeData::Sges(SgeList::new()),
+                8,
+            )));
         }
         let (data, length) = match wr_payload(wr, core.caps, is_rd_atomic) {
             Ok(p) => p,

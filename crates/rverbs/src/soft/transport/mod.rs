@@ -31,8 +31,18 @@ pub(crate) const MAX_MSG_SZ: u32 = 1 << 31;
 /// An atomic operation on 8 bytes of registered memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AtomicOp {
-    CompareSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    CompareSwap {
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        add: u64,
+    },
+    /// ATOMIC WRITE: these bytes stored in one 64-bit store (needs
+    /// `REMOTE_WRITE`, not `REMOTE_ATOMIC`).
+    Write {
+        value: [u8; 8],
+    },
 }
 
 /// Registered memory as the transport sees it: every access checked (key,
@@ -65,9 +75,10 @@ pub(crate) trait Memory {
         kind: AccessKind,
         src: &[u8],
     ) -> Result<(), AccessError>;
-    /// Runs an atomic on the 8 bytes at `va` (native byte order, as rxe);
-    /// returns the original value. `kind`: `RemoteAtomic`, or
-    /// `WindowAtomic` through a memory window.
+    /// Runs an atomic on the 8 bytes at `va` (native byte order, as rxe; an
+    /// ATOMIC WRITE stores its bytes as they are); returns the original
+    /// value. `kind`: `RemoteAtomic` or `RemoteAtomicWrite`, or their
+    /// `Window…` forms through a memory window.
     fn atomic(
         &self,
         key: u32,
@@ -163,14 +174,15 @@ impl Memory for MrTable {
         op: AtomicOp,
     ) -> Result<u64, AccessError> {
         MrTable::write(self, key, va, 8, kind, Some(pd), |mut w| {
-            // One atomic read-modify-write on the word (foreign memory
-            // may be read and written by its registrant meanwhile).
+            // One atomic read-modify-write (or store) on the word: foreign
+            // memory may be read and written by its registrant meanwhile.
             if let Some(word) = w.atomic_u64() {
                 return match op {
                     AtomicOp::CompareSwap { compare, swap } => word
                         .compare_exchange(compare, swap, SeqCst, SeqCst)
                         .unwrap_or_else(|old| old),
                     AtomicOp::FetchAdd { add } => word.fetch_add(add, SeqCst),
+                    AtomicOp::Write { value } => word.swap(u64::from_ne_bytes(value), SeqCst),
                 };
             }
             let mut b = [0u8; 8];
@@ -180,6 +192,7 @@ impl Memory for MrTable {
                 AtomicOp::CompareSwap { compare, swap } if old == compare => swap,
                 AtomicOp::CompareSwap { .. } => old,
                 AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+                AtomicOp::Write { value } => u64::from_ne_bytes(value),
             };
             w.write_from(&new.to_ne_bytes());
             old
@@ -429,7 +442,9 @@ fn sge_pieces(
 pub(crate) fn qp_allows(access: AccessFlags, kind: AccessKind) -> bool {
     match kind {
         AccessKind::RemoteRead => access.contains(AccessFlags::REMOTE_READ),
-        AccessKind::RemoteWrite => access.contains(AccessFlags::REMOTE_WRITE),
+        AccessKind::RemoteWrite | AccessKind::RemoteAtomicWrite => {
+            access.contains(AccessFlags::REMOTE_WRITE)
+        }
         AccessKind::RemoteAtomic => access.contains(AccessFlags::REMOTE_ATOMIC),
         _ => true,
     }

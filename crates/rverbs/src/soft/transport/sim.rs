@@ -24,6 +24,7 @@ use crate::soft::memory::{MrCore, MrState, MrTable, Region};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, Sge, WrOpcode};
 
+mod atomic_write;
 mod buggy_peer;
 mod rd_atomic;
 

@@ -1,5 +1,6 @@
 //! The completer (rxe's `qp->comp`): what the requester learns from ACKs,
-//! NAKs, RNR NAKs, READ responses and atomic ACKs — cumulative
+//! NAKs, RNR NAKs, READ responses and atomic ACKs (and the zero-length READ
+//! response rxe answers an ATOMIC WRITE with) — cumulative
 //! acknowledgement, READ data and atomic results placed, retry budgets
 //! spent or restored, the retransmission timers and the round-trip
 //! estimate behind them — and the send completions it reports, in order,
@@ -234,8 +235,27 @@ impl RcQp {
                 }
                 self.complete_rd_atomic(now, psn);
             }
+            Opcode::RC_RDMA_READ_RESPONSE_ONLY if self.answers_atomic_write(pkt) => {
+                self.ack_through(psn, now);
+            }
             _ => self.handle_read_response(pkt, psn, now, mem),
         }
+    }
+
+    /// Whether `pkt`, a READ RESPONSE ONLY, is the answer rxe's responder
+    /// gives an ATOMIC WRITE (IBTA 1.5): no payload, an ACK in its AETH, at
+    /// the PSN of an ATOMIC WRITE not yet done. It acknowledges it as a
+    /// plain ACK would.
+    fn answers_atomic_write(&self, pkt: &PacketRepr<'_>) -> bool {
+        let ack = pkt
+            .aeth
+            .is_some_and(|a| matches!(a.syndrome, Syndrome::Ack { .. }));
+        ack && pkt.payload.is_empty()
+            && self
+                .req
+                .sq
+                .iter()
+                .any(|e| e.status.is_none() && e.first_psn == pkt.bth.psn && e.is_atomic_write())
     }
 
     fn handle_read_response(
@@ -340,6 +360,11 @@ impl RcQp {
                 // came: the response was lost. Ask again.
                 lost = Some(e.resume_psn());
                 break;
+            }
+            if e.is_atomic_write() {
+                // Acknowledged (the responder executes in PSN order): its
+                // credit comes back.
+                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
             e.status = Some(WcStatus::Success);
         }
@@ -450,6 +475,7 @@ impl RcQp {
             WrOpcode::RdmaRead { .. } => (WcOpcode::RdmaRead, e.wqe.length),
             WrOpcode::AtomicCmpAndSwp { .. } => (WcOpcode::CompSwap, 8),
             WrOpcode::AtomicFetchAndAdd { .. } => (WcOpcode::FetchAdd, 8),
+            WrOpcode::AtomicWrite { .. } => (WcOpcode::AtomicWrite, 8),
         };
         WorkCompletion {
             wr_id: e.wqe.wr_id,

@@ -376,7 +376,8 @@ impl RcQp {
             | Operation::RdmaWrite
             | Operation::RdmaReadRequest
             | Operation::CompareSwap
-            | Operation::FetchAdd => self.handle_request(pkt, info.position, mem),
+            | Operation::FetchAdd
+            | Operation::AtomicWrite => self.handle_request(pkt, info.position, mem),
             Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse => {
                 if matches!(self.state, QpState::Rts | QpState::Sqd) {
                     self.handle_response(pkt, info.position, now, mem);

@@ -1,8 +1,8 @@
 //! The requester (rxe's `qp->req`): the send queue and everything that puts
 //! its requests on the wire — PSNs given at post time, segmentation into
 //! path-MTU packets, large READs asked for a chunk at a time, AckReq
-//! pacing, the congestion window, the READ/atomic credit and fence gates,
-//! and go-back-N rewinds after a loss or a timeout. What comes back for
+//! pacing, the congestion window, the READ/atomic credit and fence gates
+//! (ATOMIC WRITEs take credits too), and go-back-N rewinds after a loss or a timeout. What comes back for
 //! those requests is the [completer](super::completer)'s.
 
 use std::collections::VecDeque;
@@ -154,6 +154,8 @@ impl SqEntry {
         matches!(self.wqe.op, WrOpcode::RdmaRead { .. })
     }
 
+    /// A READ or atomic: answered by READ responses or an atomic ACK,
+    /// whose loss an ACK past it reveals.
     pub(super) fn is_rd_atomic(&self) -> bool {
         matches!(
             self.wqe.op,
@@ -161,6 +163,17 @@ impl SqEntry {
                 | WrOpcode::AtomicCmpAndSwp { .. }
                 | WrOpcode::AtomicFetchAndAdd { .. }
         )
+    }
+
+    pub(super) fn is_atomic_write(&self) -> bool {
+        matches!(self.wqe.op, WrOpcode::AtomicWrite { .. })
+    }
+
+    /// Whether it holds one of the `max_rd_atomic` credits while
+    /// outstanding, and a fence waits for it: READs, atomics and, as rxe
+    /// counts them (its responder gives each a resource), ATOMIC WRITEs.
+    pub(super) fn takes_rd_atomic_credit(&self) -> bool {
+        self.is_rd_atomic() || self.is_atomic_write()
     }
 
     /// The first PSN the requester still has to (re)send for this WQE.
@@ -190,7 +203,7 @@ pub(super) struct RequesterState {
     pub(super) tx_psn: Psn,
     /// One past the highest PSN ever transmitted.
     pub(super) sent_high: Psn,
-    /// READs and atomics started and not yet completed.
+    /// READs, atomics and ATOMIC WRITEs started and not yet completed.
     pub(super) rd_atomic_inflight: u32,
     pub(super) cwnd: CongestionWindow,
     /// After an RNR NAK: nothing is sent before then.
@@ -288,7 +301,9 @@ impl RcQp {
     pub(crate) fn packets_of(&self, op: &WrOpcode, length: u32) -> u32 {
         match op {
             WrOpcode::BindMw { .. } | WrOpcode::LocalInv { .. } => 0,
-            WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. } => 1,
+            WrOpcode::AtomicCmpAndSwp { .. }
+            | WrOpcode::AtomicFetchAndAdd { .. }
+            | WrOpcode::AtomicWrite { .. } => 1,
             _ => packets_for(length, self.cfg.mtu),
         }
     }
@@ -547,6 +562,7 @@ impl RcQp {
         let mut payload = None;
         let mut next_tx = self.req.tx_psn.next();
         let mut read_chunk_end = None;
+        let mut atomic_value = None;
         match e.wqe.op {
             WrOpcode::RdmaRead { remote_addr, rkey } => {
                 if !e.started && !self.may_issue_rd_atomic(idx) {
@@ -621,6 +637,23 @@ impl RcQp {
                 });
                 p.bth.ack_req = true;
             }
+            WrOpcode::AtomicWrite {
+                remote_addr,
+                rkey,
+                value,
+            } => {
+                if !e.started && !self.may_issue_rd_atomic(idx) {
+                    return Transmit::Blocked;
+                }
+                p.bth.opcode = Opcode::RC_ATOMIC_WRITE;
+                p.reth = Some(RethRepr {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: 8,
+                });
+                p.bth.ack_req = true;
+                atomic_value = Some(value);
+            }
             op => {
                 if k == 0 && e.wqe.fence && self.fence_blocks(idx) {
                     return Transmit::Blocked;
@@ -683,10 +716,14 @@ impl RcQp {
             p.bth.ack_req = false;
         }
         let (offset, len) = payload.unwrap_or((0, 0));
+        let len = if atomic_value.is_some() { 8 } else { len };
         let Ok(total) = p.emit_around_payload(len as usize, tx.bytes) else {
             return Transmit::Blocked;
         };
-        if len > 0 {
+        if let Some(value) = atomic_value {
+            let start = p.header_len();
+            tx.bytes[start..start + 8].copy_from_slice(&value);
+        } else if len > 0 {
             let start = p.header_len();
             let dst = &mut tx.bytes[start..start + len as usize];
             let pd = self.cfg.pd;
@@ -714,7 +751,7 @@ impl RcQp {
         }
         if !e.started {
             e.started = true;
-            if e.is_rd_atomic() {
+            if e.takes_rd_atomic_credit() {
                 self.req.rd_atomic_inflight += 1;
             }
         }
@@ -753,13 +790,14 @@ impl RcQp {
             && !(self.req.sq[idx].wqe.fence && self.fence_blocks(idx))
     }
 
-    /// A fenced WR waits for every earlier READ and atomic to complete.
+    /// A fenced WR waits for every earlier READ, atomic and ATOMIC WRITE
+    /// to complete.
     fn fence_blocks(&self, idx: usize) -> bool {
         self.req
             .sq
             .iter()
             .take(idx)
-            .any(|e| e.is_rd_atomic() && e.status.is_none())
+            .any(|e| e.takes_rd_atomic_credit() && e.status.is_none())
     }
 
     // ---- going back -------------------------------------------------------

@@ -1,11 +1,11 @@
 //! The responder (rxe's `qp->resp`): the receive side of the QP. Its input
 //! checks each request's PSN and opcode sequence (one NAK per gap),
-//! executes SENDs, RDMA WRITEs, READs and atomics against checked memory
-//! (an rkey that names a memory window is checked against the window, then
-//! reaches the MR beneath), invalidates the window a SEND with Invalidate
-//! names,
-//! answers duplicates from saved resources without executing twice, and
-//! refuses what it must; its output is what that owes the peer — ACKs
+//! executes SENDs, RDMA WRITEs, READs, atomics and ATOMIC WRITEs against
+//! checked memory (an rkey that names a memory window is checked against
+//! the window, then reaches the MR beneath), invalidates the window a SEND
+//! with Invalidate names, answers duplicates from saved resources (or with
+//! an ACK) without executing twice, and refuses what it must; its output
+//! is what that owes the peer — ACKs
 //! (coalesced, a plain one possibly held back), NAKs, READ response
 //! streams and atomic ACKs — written by [`RcQp::transmit_response`].
 //!
@@ -696,6 +696,52 @@ impl RcQp {
                 self.resp.epsn = psn.next();
                 return Ok(());
             }
+            Operation::AtomicWrite => {
+                // As rxe: the QP must allow REMOTE_WRITE, and the responder
+                // keep READ/atomic resources (though a plain ACK answers
+                // it, and a duplicate is answered as a WRITE's is).
+                if !qp_allows(self.cfg.access, AccessKind::RemoteAtomicWrite) {
+                    return Err(Refusal::InvalidRequest);
+                }
+                if self.cfg.max_dest_rd_atomic == 0 {
+                    return Err(Refusal::TooManyRdAtomic);
+                }
+                let Some(reth) = pkt.reth else {
+                    return Err(Refusal::InvalidRequest);
+                };
+                let Ok(value) = <[u8; 8]>::try_from(pkt.payload) else {
+                    // rxe checks the key before the length.
+                    check_remote(mem, &reth, pd, qpn, AccessKind::RemoteWrite)?;
+                    return Err(Refusal::InvalidRequest);
+                };
+                if reth.dma_len != 8 {
+                    check_remote(mem, &reth, pd, qpn, AccessKind::RemoteWrite)?;
+                    return Err(Refusal::InvalidRequest);
+                }
+                // One 64-bit store (through a memory window too).
+                // Misaligned is rxe's "misaligned atomic" (NAK invalid
+                // request); any other refusal an access error.
+                let refusal = |e| match e {
+                    AccessError::Misaligned { .. } => Refusal::InvalidRequest,
+                    _ => Refusal::Access,
+                };
+                let t = mem
+                    .resolve_remote(
+                        reth.rkey,
+                        reth.va,
+                        8,
+                        AccessKind::RemoteAtomicWrite,
+                        pd,
+                        qpn,
+                    )
+                    .map_err(refusal)?;
+                mem.atomic(t.key, t.va, pd, t.kind, AtomicOp::Write { value })
+                    .map_err(refusal)?;
+                self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+                self.resp.epsn = psn.next();
+                self.queue_ack(psn);
+                return Ok(());
+            }
             _ => return Err(Refusal::InvalidRequest),
         }
         self.resp.epsn = psn.next();
@@ -715,6 +761,8 @@ impl RcQp {
             Operation::Send | Operation::RdmaWrite if pkt.bth.ack_req => {
                 self.queue_ack(self.resp.epsn.sub(1));
             }
+            // Stored once already: acknowledged again, never stored again.
+            Operation::AtomicWrite => self.queue_ack(self.resp.epsn.sub(1)),
             Operation::RdmaReadRequest => {
                 let Some(reth) = pkt.reth else { return };
                 let mtu = self.cfg.mtu;
