@@ -41,10 +41,6 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
     // rverbs' own (the README lists them).
     ("have net interface", "a netdev in sysfs for the device"),
     ("Importing a device is not supported", "ibv_import_device"),
-    (
-        "Extended QP is not supported",
-        "memory windows and ATOMIC_WRITE",
-    ),
 ];
 
 #[test]
