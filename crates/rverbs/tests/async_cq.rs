@@ -108,10 +108,24 @@ async fn a_task_awaits_completions_while_another_posts() {
     post_recvs(&b, 0, N);
     let events_before = b.cq.cq().comp_events().0;
 
-    // The receiver's task waits; the CQ is empty when it starts.
+    // The receiver's task waits; the sender starts only once the receiver's
+    // first wait found the CQ empty and armed it, so at least that
+    // completion comes through the channel's event.
+    let (go, started) = tokio::sync::oneshot::channel();
     let receiver = tokio::spawn(async move {
         let mut got = Vec::new();
         let mut wc = [WorkCompletion::default(); 8];
+        let n = {
+            let mut first = std::pin::pin!(b.cq.next_completions(&mut wc));
+            let pending = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(first.as_mut().poll(cx).is_pending())
+            })
+            .await;
+            assert!(pending, "the CQ was empty");
+            go.send(()).unwrap();
+            within("the first receive", first).await.unwrap()
+        };
+        got.extend_from_slice(&wc[..n]);
         while got.len() < N as usize {
             let n = within("receiving", b.cq.next_completions(&mut wc))
                 .await
@@ -127,6 +141,7 @@ async fn a_task_awaits_completions_while_another_posts() {
     let sender = tokio::spawn(async move {
         let mut a = a;
         let mut wc = [WorkCompletion::default(); 1];
+        started.await.unwrap();
         for id in 0..N {
             send(&a, id);
             let n = within("sending", a.cq.next_completions(&mut wc))
