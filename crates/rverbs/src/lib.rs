@@ -75,6 +75,8 @@ pub mod event;
 pub mod qp_attr;
 pub mod resources;
 mod soft;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod verbs;
 pub mod wc;
 pub mod wr;
