@@ -30,6 +30,7 @@ mod rd_atomic;
 
 use buggy_peer::Forgery;
 mod unsent;
+mod window_read;
 
 const PD: u64 = 7;
 const MTU: u32 = 1024;

@@ -105,6 +105,12 @@ enum Response {
         npkts: u32,
         /// The memory the request's rkey and address resolved to.
         target: Resolved,
+        /// The request's own rkey and address: a memory window's is
+        /// resolved again for every response packet, so a window revoked
+        /// (invalidated, rebound, deallocated) mid-stream stops the READ,
+        /// as rxe rechecks it per packet.
+        rkey: u32,
+        va: u64,
         len: u32,
         msn: u32,
         /// An answer to a duplicate, not the READ's first.
@@ -336,6 +342,8 @@ impl RcQp {
                 k,
                 npkts,
                 target,
+                rkey: req_rkey,
+                va: req_va,
                 len,
                 msn,
                 ..
@@ -354,9 +362,31 @@ impl RcQp {
                 }
                 let total = p.emit_around_payload(plen as usize, tx.bytes).ok()?;
                 let start = p.header_len();
-                let va = target.va.wrapping_add(u64::from(offset));
-                let (rkey, kind) = (target.key, target.kind);
                 let pd = self.cfg.pd;
+                // An MR's rkey resolved to itself: the check below covers
+                // it. A window's is resolved again (one key lookup).
+                let target = if target.key == req_rkey || plen == 0 {
+                    Ok(Resolved {
+                        va: target.va.wrapping_add(u64::from(offset)),
+                        ..target
+                    })
+                } else {
+                    mem.resolve_remote(
+                        req_rkey,
+                        req_va.wrapping_add(u64::from(offset)),
+                        u64::from(plen),
+                        AccessKind::RemoteRead,
+                        pd,
+                        self.cfg.qpn,
+                    )
+                };
+                let Ok(target) = target else {
+                    // The window was revoked since the request.
+                    self.resp.responses.pop_front();
+                    self.refuse(p.bth.psn, Refusal::Access);
+                    return self.transmit_response(mem, tx);
+                };
+                let (rkey, kind, va) = (target.key, target.kind, target.va);
                 let read = match tx.refs.as_deref_mut() {
                     // A zero-length READ (only then is `plen` 0) names no
                     // memory: no key is looked up (IBTA C9-88), as the
@@ -647,6 +677,8 @@ impl RcQp {
                     k: 0,
                     npkts,
                     target,
+                    rkey: reth.rkey,
+                    va: reth.va,
                     len: reth.dma_len,
                     msn: self.resp.msn,
                     replay: false,
@@ -809,6 +841,8 @@ impl RcQp {
                     k: 0,
                     npkts: packets_for(reth.dma_len, mtu),
                     target,
+                    rkey: reth.rkey,
+                    va: reth.va,
                     len: reth.dma_len,
                     msn: self.resp.msn,
                     replay: true,
