@@ -68,7 +68,10 @@ fn synchronous_ids_return_with_their_events() {
 
 /// A program that exits with a connection up (`c/rdmacm_exit.c`: no
 /// disconnect, no destroy) ends it as the kernel's CM ends a closed
-/// process's: the peer, a Rust listener here, gets DISCONNECTED.
+/// process's: the peer, a Rust listener here, gets DISCONNECTED. And a
+/// program whose own atexit handler disconnects (and waits for
+/// DISCONNECTED) still finds its connection there: rverbs ends what is
+/// left only after the program's exit-time cleanup.
 #[test]
 fn a_program_that_exits_connected_disconnects_its_peer() {
     use rverbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
@@ -77,59 +80,64 @@ fn a_program_that_exits_connected_disconnects_its_peer() {
     let Some(exe) = compile(&dir.0, "rdmacm_exit", &["-O0"]) else {
         return;
     };
-    let port = 26_000 + (std::process::id() % 20_000) as u16;
-    let ch = EventChannel::new().unwrap();
-    let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();
-    listener
-        .bind_addr(format!("0.0.0.0:{port}").parse().unwrap())
-        .unwrap();
-    listener.listen(1).unwrap();
-    let child = std::process::Command::new(&exe)
-        .arg(port.to_string())
-        .env("LD_LIBRARY_PATH", &dir.0)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let wait = std::time::Duration::from_secs(15);
-    let next = |kind: CmEventKind| {
-        let ev = ch
-            .get_event_timeout(wait)
-            .unwrap()
-            .unwrap_or_else(|| panic!("no {kind:?} within {wait:?}"));
-        assert_eq!(ev.kind, kind, "{ev:?}");
-        ev
-    };
-    let req = next(CmEventKind::ConnectRequest);
-    let id = req.id.clone();
-    let ctx = id.device().unwrap().open().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4).unwrap();
-    let qp = pd
-        .qp_builder(&cq, &cq)
-        .qp_type(QpType::Rc)
-        .caps(QpCaps {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        })
-        .build()
-        .unwrap();
-    id.accept(Some(&qp), &ConnParam::default()).unwrap();
-    next(CmEventKind::Established);
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("established"),
-        "{text}"
-    );
-    next(CmEventKind::Disconnected);
+    for (k, mode) in ["plain", "cleanup"].into_iter().enumerate() {
+        let port = 26_000 + (std::process::id() % 20_000) as u16 + k as u16;
+        let ch = EventChannel::new().unwrap();
+        let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        listener
+            .bind_addr(format!("0.0.0.0:{port}").parse().unwrap())
+            .unwrap();
+        listener.listen(1).unwrap();
+        let child = std::process::Command::new(&exe)
+            .args([port.to_string().as_str(), mode])
+            .env("LD_LIBRARY_PATH", &dir.0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let wait = std::time::Duration::from_secs(15);
+        let next = |kind: CmEventKind| {
+            let ev = ch
+                .get_event_timeout(wait)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{mode}: no {kind:?} within {wait:?}"));
+            assert_eq!(ev.kind, kind, "{mode}: {ev:?}");
+            ev
+        };
+        let req = next(CmEventKind::ConnectRequest);
+        let id = req.id.clone();
+        let ctx = id.device().unwrap().open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4).unwrap();
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .qp_type(QpType::Rc)
+            .caps(QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            })
+            .build()
+            .unwrap();
+        id.accept(Some(&qp), &ConnParam::default()).unwrap();
+        next(CmEventKind::Established);
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("established"),
+            "{mode}: {text}"
+        );
+        if mode == "cleanup" {
+            assert!(text.contains("cleanup ok"), "{mode}: {text}");
+        }
+        next(CmEventKind::Disconnected);
+    }
 }
 
 /// No route to the peer: `rdma_resolve_addr` fails at once with

@@ -1,13 +1,35 @@
 /* Connects an RC id to 127.0.0.1:PORT and, once ESTABLISHED, exits
  * without disconnecting or destroying anything: the library must end the
  * connection as the kernel's CM does for a process that goes away (its
- * peer gets DISCONNECTED). Prints "established" first. */
+ * peer gets DISCONNECTED). Prints "established" first. With a second
+ * argument "cleanup", an atexit handler registered before connecting
+ * disconnects and waits for DISCONNECTED, as a program's exit-time
+ * cleanup may: it must still find its connection (prints "cleanup ok"). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
+
+static struct rdma_event_channel *ch;
+static struct rdma_cm_id *id;
+
+static void cleanup(void)
+{
+	struct rdma_cm_event *ev = NULL;
+	if (rdma_disconnect(id) != 0) {
+		fprintf(stderr, "cleanup: rdma_disconnect: %s\n", strerror(errno));
+		return;
+	}
+	if (rdma_get_cm_event(ch, &ev) != 0 || ev->event != RDMA_CM_EVENT_DISCONNECTED) {
+		fprintf(stderr, "cleanup: no DISCONNECTED\n");
+		return;
+	}
+	rdma_ack_cm_event(ev);
+	printf("cleanup ok\n");
+	fflush(stdout);
+}
 
 static struct rdma_cm_event *next(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
 {
@@ -29,8 +51,9 @@ int main(int argc, char **argv)
 	struct sockaddr_in dst = { .sin_family = AF_INET,
 				   .sin_port = htons(argc > 1 ? atoi(argv[1]) : 25000) };
 	inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-	struct rdma_event_channel *ch = rdma_create_event_channel();
-	struct rdma_cm_id *id;
+	if (argc > 2 && strcmp(argv[2], "cleanup") == 0)
+		atexit(cleanup);
+	ch = rdma_create_event_channel();
 	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) != 0)
 		return 2;
 	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) != 0)

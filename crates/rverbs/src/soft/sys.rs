@@ -258,13 +258,3 @@ pub(crate) fn set_multicast_if_v6(fd: &impl AsRawFd, ifindex: u32) -> io::Result
         ifindex as libc::c_int,
     )
 }
-
-/// Runs `hook` when the process exits normally (`exit(3)`, the end of
-/// `main`), as `atexit(3)` does.
-pub(crate) fn at_exit(hook: extern "C" fn()) {
-    // SAFETY: registers a plain extern "C" function without arguments, as
-    // atexit takes; the hooks given here catch their own panics.
-    unsafe {
-        libc::atexit(hook);
-    }
-}

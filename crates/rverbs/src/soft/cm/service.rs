@@ -17,8 +17,10 @@
 //! one, REJ for one on its way — and sends those MADs before the process
 //! is gone, as the kernel's CM does for a process whose rdma_cm file
 //! closes: its peers get DISCONNECTED (or REJECTED) instead of waiting
-//! for their QPs' transport errors. A killed process runs no hook; a
-//! forked child that exits leaves its parent's connections alone.
+//! for their QPs' transport errors. It runs from `.fini_array`, after the
+//! program's own `atexit` handlers and static destructors, whose cleanup
+//! still sees its connections. A killed process runs no hook; a forked
+//! child that exits ends only the connections it made itself.
 //!
 //! Lock order: a sink may call into the service (and the verbs: a QP's
 //! transitions take the engine's lock); the service never holds its lock
@@ -28,7 +30,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use nix::poll::{ppoll, PollFd, PollFlags};
@@ -124,37 +126,41 @@ impl std::fmt::Debug for CmService {
     }
 }
 
-/// The process's services, for the exit hook.
-static LIVE: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
-/// The process that registered the exit hook (a forked child inherits it).
-static HOOK_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// The process's services, each with the process that started it (a
+/// forked child inherits the list, and must not end its parent's
+/// connections), for the exit hook.
+static LIVE: Mutex<Vec<(u32, Weak<Inner>)>> = Mutex::new(Vec::new());
 
 /// Has `inner`'s connections ended when the process exits (see the module
-/// docs); the hook is registered once.
+/// docs).
 fn end_connections_at_exit(inner: &Arc<Inner>) {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        HOOK_PID.store(std::process::id(), Ordering::Relaxed);
-        crate::soft::sys::at_exit(exit_hook);
-    });
     let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-    live.retain(|w| w.strong_count() > 0);
-    live.push(Arc::downgrade(inner));
+    live.retain(|(_, w)| w.strong_count() > 0);
+    live.push((std::process::id(), Arc::downgrade(inner)));
 }
 
-/// The exit hook: every live service's agent ends its connections, and
-/// what that queues is sent now. A service whose lock stays held (a thread
-/// stopped inside a call) is left alone rather than waited for.
+/// The exit hook runs from `.fini_array`: at `exit(3)` after every
+/// `atexit` handler and C++ static destructor of the program (so its own
+/// exit-time cleanup — an `rdma_disconnect` and a wait for DISCONNECTED —
+/// still finds its connections), and when a library holding rverbs is
+/// unloaded.
+#[used]
+#[link_section = ".fini_array"]
+static END_CONNECTIONS_AT_EXIT: extern "C" fn() = exit_hook;
+
+/// The exit hook: every live service of this process ends its agent's
+/// connections, and what that queues is sent now. A service whose lock
+/// stays held (a thread stopped inside a call) is left alone rather than
+/// waited for.
 extern "C" fn exit_hook() {
     let _ = std::panic::catch_unwind(|| {
-        if HOOK_PID.load(Ordering::Relaxed) != std::process::id() {
-            return;
-        }
+        let me = std::process::id();
         let live: Vec<Arc<Inner>> = LIVE
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter_map(Weak::upgrade)
+            .filter(|(pid, _)| *pid == me)
+            .filter_map(|(_, w)| w.upgrade())
             .collect();
         for inner in live {
             let service = CmService { inner };
