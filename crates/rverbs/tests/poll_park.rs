@@ -2,9 +2,11 @@
 //! in its poll loop (libfabric's rxm retries sends held back for credits
 //! only after the CQ poll returns: parked, its ping-pong took 6 ms a round
 //! trip instead of tens of microseconds). A park that ran out its time,
-//! followed by a post instead of another poll, turns parking off for the
-//! process, counted in `poll_park_stalls`; a park followed by another poll
-//! (a server waiting for requests) does not.
+//! followed by a post instead of another poll of that CQ, turns parking
+//! off for the process, counted in `poll_park_stalls`; a park followed by
+//! another poll of the CQ (a server waiting for requests) does not, and a
+//! poll of another CQ in between (a loop polling its receive and send CQs
+//! in turn) does not hide the stall.
 //!
 //! Its own test binary: whether pollers park is the process's setting.
 
@@ -26,6 +28,8 @@ fn poll_tightly(cq: &rverbs::CompletionQueue, how_long: Duration) {
 
 #[test]
 fn a_park_that_stalls_the_program_turns_parking_off() {
+    // Whether pollers park is read once per process: the default here.
+    std::env::remove_var("RVERBS_POLL_PARK");
     let caps = QpCaps {
         max_send_wr: 4,
         max_recv_wr: 64,
@@ -63,9 +67,12 @@ fn a_park_that_stalls_the_program_turns_parking_off() {
     post();
     assert_eq!(stalls(), 0, "a park followed by a poll counted as a stall");
 
-    // A program whose loop had its own work: it posts as soon as the poll
-    // that parked returns.
+    // A program whose loop had its own work: after the poll of its receive
+    // CQ that parked returns, it polls its (empty) send CQ once and posts.
+    let send_cq = side.ctx.create_cq(4).unwrap();
     poll_tightly(&side.cq, Duration::from_millis(40));
+    std::thread::sleep(Duration::from_millis(1));
+    assert_eq!(send_cq.poll(&mut wc).unwrap(), 0);
     post();
     assert_eq!(stalls(), 1, "a park followed by a post was not noticed");
 

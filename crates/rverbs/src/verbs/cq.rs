@@ -120,8 +120,11 @@ impl CompletionQueue {
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let core = &self.core;
         let engine = &core.ctx.device.engine;
-        crate::soft::engine::note_poll();
+        crate::soft::engine::note_poll(core.handle);
         let (n, armed) = core.poll_and_arm_state(wc);
+        if n > 0 {
+            crate::soft::engine::note_found();
+        }
         if n > 0 || wc.is_empty() {
             // The clock is read only if a wait ends here.
             if n > 0 && core.wait.waiting() {
@@ -138,7 +141,7 @@ impl CompletionQueue {
             engine.note_busy_poll(now);
             let t = engine.nanos_at(now);
             if engine.may_park() && core.wait.empty(t, engine.pushed()) {
-                if engine.park(now, || core.len() > 0) != Parked::No {
+                if engine.park(now, core.handle, || core.len() > 0) != Parked::No {
                     core.wait.parking();
                 }
                 now = Instant::now();
@@ -152,6 +155,7 @@ impl CompletionQueue {
         if n > 0 {
             // Found by this call's own pass: at the time it began.
             core.wait.found(engine.nanos_at(now));
+            crate::soft::engine::note_found();
         }
         Ok(n)
     }

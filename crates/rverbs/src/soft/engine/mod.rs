@@ -86,7 +86,7 @@ pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
-pub(crate) use park::{note_poll, Parked, PollerWait};
+pub(crate) use park::{note_found, note_poll, Parked, PollerWait};
 use qpn::QpnSequence;
 use rx::Received;
 pub(crate) use slot::{
@@ -1081,7 +1081,7 @@ pub(super) mod tests {
         };
         // Other tests of the process park too: some parks of this one may
         // end otherwise, but one rung by `b` must come.
-        let rung = (0..200).any(|_| a.park(Instant::now(), || false) == Parked::Rung);
+        let rung = (0..200).any(|_| a.park(Instant::now(), 0, || false) == Parked::Rung);
         stop.store(true, Ordering::SeqCst);
         ringer.join().unwrap();
         assert!(rung, "no park on device a ended by device b's completion");

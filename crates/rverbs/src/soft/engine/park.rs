@@ -37,9 +37,13 @@
 //! program stalls until the park times out, and its peer, parked too,
 //! waits for it. So a park that ran out its time with nothing arriving,
 //! after which the same thread's next verb is a post rather than another
-//! poll, shows the program had work of its own: parking stops for the rest
-//! of the process's life (pollers spin, as with `RVERBS_POLL_PARK=0`), a
-//! debug line says why, and the devices count it (`poll_park_stalls`).
+//! poll of that CQ, and without a completion found meanwhile, shows the
+//! program had work of its own: parking stops for the rest of the
+//! process's life (pollers spin, as with `RVERBS_POLL_PARK=0`), a debug
+//! line says why, and the devices count it (`poll_park_stalls`). A poll of
+//! another CQ does not clear it (a program polling its receive and send
+//! CQs in turn stalls the same), and a completion found — even by the very
+//! poll whose park ran out, the packet having come just after — does.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -79,15 +83,26 @@ pub(crate) struct Bell {
 const STALL_MIN: Duration = Duration::from_millis(1);
 
 thread_local! {
-    /// This thread's last park ran out its time with nothing arriving, and
-    /// it has not polled since (see the module docs).
-    static PARK_RAN_OUT: Cell<bool> = const { Cell::new(false) };
+    /// The CQ (its handle) this thread's last park ran out its time on,
+    /// with nothing arriving, if the thread has not polled that CQ again
+    /// nor found a completion since (see the module docs).
+    static PARK_RAN_OUT: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
-/// The calling thread polls a CQ: a park it ran out before was a wait, not
-/// a stall.
-pub(crate) fn note_poll() {
-    PARK_RAN_OUT.set(false);
+/// The calling thread polls CQ `cq` again: a park that ran out on it was
+/// a wait, not a stall. (A poll of another CQ proves nothing: a program
+/// polling its receive and send CQs in turn may stall on either.)
+pub(crate) fn note_poll(cq: u64) {
+    if PARK_RAN_OUT.get() == Some(cq) {
+        PARK_RAN_OUT.set(None);
+    }
+}
+
+/// The calling thread's poll found completions: whatever it posts next
+/// answers them, so no park before stalled it (a park that ran out just
+/// before the packet it waited for came is no stall either).
+pub(crate) fn note_found() {
+    PARK_RAN_OUT.set(None);
 }
 
 impl Bell {
@@ -131,7 +146,7 @@ impl Bell {
     /// it has not polled since, the program had work of its own to do
     /// meanwhile, and parking stops (see the module docs).
     pub(crate) fn note_post(&self) {
-        if PARK_RAN_OUT.replace(false) {
+        if PARK_RAN_OUT.take().is_some() {
             self.stalls.fetch_add(1, Ordering::Relaxed);
             if self.parking.swap(false, Ordering::Relaxed) {
                 tracing::debug!(
@@ -411,7 +426,7 @@ impl Engine {
     /// has passed. The
     /// engine thread stays off the socket meanwhile (and watches that the
     /// sleeper keeps up, see `thread`). How it ended.
-    pub(crate) fn park(&self, now: Instant, ready: impl Fn() -> bool) -> Parked {
+    pub(crate) fn park(&self, now: Instant, cq: u64, ready: impl Fn() -> bool) -> Parked {
         let pushed = self.pushed();
         // The socket, the bell, and the multicast groups' sockets.
         let mut fds: SmallVec<[RawFd; 4]> = SmallVec::new();
@@ -446,7 +461,7 @@ impl Engine {
             rung = readable & 2 != 0;
             slept = true;
             if readable == 0 && wait >= STALL_MIN {
-                PARK_RAN_OUT.set(true);
+                PARK_RAN_OUT.set(Some(cq));
             }
         }
         if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 {
