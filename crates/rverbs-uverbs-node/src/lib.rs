@@ -12,6 +12,8 @@
 //! mode 0666). Every other path, and a node that does exist, gets the real
 //! answer. No file is created, and nothing ever opens the node: the verbs
 //! go to rverbs' `libibverbs.so.1`, as everything else in the program.
+//! (Programs built against glibc before 2.33 call `__xstat` instead, which
+//! is not answered: UCX 1.13 as Debian 12 builds it calls `stat`.)
 
 #![deny(missing_docs)]
 
@@ -79,6 +81,7 @@ pub unsafe extern "C" fn stat(path: *const c_char, buf: *mut Stat) -> c_int {
         set_errno(libc::ENOSYS);
         return -1;
     };
+    let saved = errno();
     // SAFETY: the caller's arguments, passed on.
     let r = unsafe { real(path, buf) };
     match (missing_node(path, r), buf.is_null()) {
@@ -91,7 +94,7 @@ pub unsafe extern "C" fn stat(path: *const c_char, buf: *mut Stat) -> c_int {
             b.st_rdev = uverbs_rdev(n);
             b.st_nlink = 1;
             b.st_blksize = 4096;
-            set_errno(0);
+            set_errno(saved);
             0
         }
         _ => r,
@@ -109,6 +112,7 @@ pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut Stat64) -> c_int 
         set_errno(libc::ENOSYS);
         return -1;
     };
+    let saved = errno();
     // SAFETY: the caller's arguments, passed on.
     let r = unsafe { real(path, buf) };
     match (missing_node(path, r), buf.is_null()) {
@@ -121,7 +125,7 @@ pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut Stat64) -> c_int 
             b.st_rdev = uverbs_rdev(n);
             b.st_nlink = 1;
             b.st_blksize = 4096;
-            set_errno(0);
+            set_errno(saved);
             0
         }
         _ => r,
@@ -140,10 +144,12 @@ pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
         set_errno(libc::ENOSYS);
         return -1;
     };
+    let saved = errno();
     // SAFETY: the caller's arguments, passed on.
     let r = unsafe { real(path, mode) };
     if missing_node(path, r).is_some() && mode & libc::X_OK == 0 {
-        set_errno(0);
+        // A success leaves errno as it was (POSIX never sets it to 0).
+        set_errno(saved);
         return 0;
     }
     r

@@ -528,7 +528,7 @@ impl CmId {
             return Err(einval(verb, "the id is listening or connected"));
         }
         st.target = resolve_target(self.core.space, dst)
-            .map_err(|e| Error::from_io(verb, &e, "the local rendezvous"))?;
+            .map_err(|e| Error::from_io(verb, &e, &format!("resolving {dst}")))?;
         // As the kernel's rdma_cm puts the route's source in place of a
         // wildcard: the connection comes from the device's address, and
         // `rdma_get_local_addr` must say so (libfabric's rxm sends it to

@@ -1167,9 +1167,12 @@ impl MwCore {
         if end > b.length {
             return Err(out_of_bounds);
         }
+        // A zero-based window's base address was never range-checked (as
+        // rxe): a peer's offset must not overflow it.
+        let va = b.addr.checked_add(offset).ok_or(out_of_bounds)?;
         Ok(Resolved {
             key: b.mr_key,
-            va: b.addr + offset,
+            va,
             kind: kind.through_window(),
         })
     }

@@ -1155,11 +1155,6 @@ impl CmAgent {
         self.out.send(peer, msg);
     }
 
-    /// Frees a connection now, from any state, telling the peer as the
-    /// spec asks: REJ (timeout, with this CA's GUID) for an unanswered
-    /// REQ; REJ (consumer-defined) for a connection not yet established;
-    /// one DREQ for an established one; a SIDR_REP (rejected) for an
-    /// unanswered SIDR_REQ. Nothing for the other states.
     /// Ends every connection as [`destroy`](Self::destroy) does (the
     /// process is exiting: its peers hear of it as from the kernel's CM,
     /// which ends a closed process's connections). How many there were.
@@ -1171,6 +1166,11 @@ impl CmAgent {
         conns.len()
     }
 
+    /// Frees a connection now, from any state, telling the peer as the
+    /// spec asks: REJ (timeout, with this CA's GUID) for an unanswered
+    /// REQ; REJ (consumer-defined) for a connection not yet established;
+    /// one DREQ for an established one; a SIDR_REP (rejected) for an
+    /// unanswered SIDR_REQ. Nothing for the other states.
     pub(crate) fn destroy(&mut self, now: Instant, conn: ConnId) -> Result<(), CmError> {
         let _ = now;
         let mut c = self.conns.remove(&conn).ok_or(CmError::UnknownConn)?;
