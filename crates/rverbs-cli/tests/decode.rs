@@ -120,6 +120,42 @@ fn every_link_type_and_format_decodes_to_what_scapy_built() {
             "{name} on stdin"
         );
 
+        // --json: one object per packet line of the text, with the same
+        // opcode, QP, PSN and ICRC verdict.
+        let json = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+            .args(["decode", "--json"])
+            .arg(dir.join(name))
+            .output()
+            .unwrap();
+        assert!(json.status.success(), "{name} --json: {json:?}");
+        let objects: Vec<serde_json::Value> = String::from_utf8(json.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let from_json: Vec<String> = objects
+            .iter()
+            .map(|o| {
+                if o.get("malformed").is_some() {
+                    return "malformed".to_string();
+                }
+                let op = Opcode::all()
+                    .find(|op| op.to_string() == o["opcode"].as_str().unwrap())
+                    .unwrap();
+                let verdict = if o["icrc"] == "ok" { "ok" } else { "bad" };
+                format!("0x{:02x} {} {} {verdict}", op.0, o["qpn"], o["psn"])
+            })
+            .collect();
+        assert_eq!(from_json, expected, "{name} --json");
+        assert_eq!(
+            objects
+                .iter()
+                .filter(|o| o.get("gso_segment").is_some())
+                .count(),
+            3,
+            "{name} --json"
+        );
+
         let strict = decode(&dir.join(name), true);
         assert!(!strict.status.success(), "{name}: --strict must fail");
         let err = String::from_utf8(strict.stderr).unwrap();

@@ -43,6 +43,11 @@ pub struct DecodeArgs {
     /// Exit non-zero if any RoCE packet has a wrong ICRC or is malformed.
     #[arg(long)]
     pub strict: bool,
+    /// One JSON object per RoCE packet (JSON Lines) instead of text: the
+    /// frame, time, addresses, opcode, QP, PSN, headers, ICRC verdict, and
+    /// a MAD's dissection.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// What a capture held.
@@ -96,7 +101,7 @@ pub fn decode(args: &DecodeArgs, out: &mut impl Write) -> Result<Summary> {
     let mut summary = Summary::default();
     let mut on_frame = |f: Frame<'_>| -> Result<()> {
         summary.frames += 1;
-        decode_frame(&f, out, &mut summary)
+        decode_frame(&f, out, &mut summary, args.json)
     };
     match magic.get(..4) {
         Some([0x0a, 0x0d, 0x0d, 0x0a]) => read_pcapng(reader, &mut on_frame)?,
@@ -253,7 +258,12 @@ fn endpoint(ip: IpAddr, port: u16) -> String {
     format!("{ip}.{port}")
 }
 
-fn decode_frame(f: &Frame<'_>, out: &mut impl Write, summary: &mut Summary) -> Result<()> {
+fn decode_frame(
+    f: &Frame<'_>,
+    out: &mut impl Write,
+    summary: &mut Summary,
+    json: bool,
+) -> Result<()> {
     let Some(ip_bytes) = ip_start(f.link, f.data) else {
         summary.skipped += 1;
         return Ok(());
@@ -303,8 +313,24 @@ fn decode_frame(f: &Frame<'_>, out: &mut impl Write, summary: &mut Summary) -> R
     let payload = udp.payload();
     let udp_header = udp.header_slice();
     let declared = usize::from(udp.length()).saturating_sub(8);
+    let at = Place {
+        frame: f.number,
+        time: time_of_day(f.time),
+        src: endpoint(src, udp.source_port()),
+        dst: endpoint(dst, udp.destination_port()),
+        segment: None,
+        json,
+    };
     if payload.len() < declared || (f.data.len() as u64) < u64::from(f.orig_len) {
         summary.malformed += 1;
+        if json {
+            let line = serde_json::json!({
+                "frame": at.frame, "time": at.time, "src": at.src, "dst": at.dst,
+                "truncated": { "captured": payload.len(), "length": declared.max(payload.len()) },
+            });
+            writeln!(out, "{line}")?;
+            return Ok(());
+        }
         writeln!(
             out,
             "{prefix} truncated by the capture: {} of {} bytes (packet {})",
@@ -325,13 +351,80 @@ fn decode_frame(f: &Frame<'_>, out: &mut impl Write, summary: &mut Summary) -> R
                     k + 1,
                     f.number
                 ));
-                report(out, summary, &prefix, seg, verdict, note)?;
+                let at = Place {
+                    segment: Some((k + 1, n)),
+                    ..at.clone()
+                };
+                report(out, summary, &prefix, &at, seg, verdict, note)?;
             }
             return Ok(());
         }
     }
     let note = matches!(whole, Verdict::Malformed(_)).then(|| format!("(packet {})", f.number));
-    report(out, summary, &prefix, payload, whole, note)
+    report(out, summary, &prefix, &at, payload, whole, note)
+}
+
+/// Where a packet was in the capture, for `--json`.
+#[derive(Clone)]
+struct Place {
+    frame: u64,
+    time: String,
+    src: String,
+    dst: String,
+    /// Its place in a GSO batch: (k, of n).
+    segment: Option<(usize, usize)>,
+    json: bool,
+}
+
+/// One RoCE packet as a JSON object (`--json`).
+fn packet_json(at: &Place, packet: &[u8], verdict: &Verdict<'_>) -> serde_json::Value {
+    use serde_json::json;
+    let mut v = json!({
+        "frame": at.frame,
+        "time": at.time,
+        "src": at.src,
+        "dst": at.dst,
+        "length": packet.len(),
+    });
+    if let Some((k, n)) = at.segment {
+        v["gso_segment"] = json!({ "index": k, "of": n });
+    }
+    let p = match verdict {
+        Verdict::Good(p) => {
+            v["icrc"] = json!("ok");
+            p
+        }
+        Verdict::BadIcrc(p, computed, wire) => {
+            v["icrc"] = json!("bad");
+            v["icrc_wire"] = json!(format!("{wire:#010x}"));
+            v["icrc_expected"] = json!(format!("{computed:#010x}"));
+            p
+        }
+        Verdict::Malformed(e) => {
+            v["malformed"] = json!(e.to_string());
+            return v;
+        }
+    };
+    v["opcode"] = json!(p.bth.opcode.to_string());
+    v["qpn"] = json!(p.bth.dest_qp);
+    v["psn"] = json!(p.bth.psn.value());
+    v["ack_req"] = json!(p.bth.ack_req);
+    v["pkey"] = json!(p.bth.pkey);
+    v["payload_len"] = json!(p.payload.len());
+    if let Some(r) = &p.reth {
+        v["reth"] = json!({ "va": r.va, "rkey": r.rkey, "len": r.dma_len });
+    }
+    if let Some(a) = &p.aeth {
+        v["aeth"] = json!({ "syndrome": format!("{:?}", a.syndrome), "msn": a.msn });
+    }
+    if let Some(d) = &p.deth {
+        v["deth"] = json!({ "qkey": d.qkey, "src_qp": d.src_qp });
+    }
+    v["text"] = json!(p.to_string());
+    if let Some(line) = mad::dissect(p) {
+        v["mad"] = json!({ "text": line.text, "malformed": line.malformed });
+    }
+    v
 }
 
 /// Prints one RoCE packet's line, `note` at its end, and its MAD's line if
@@ -340,10 +433,26 @@ fn report(
     out: &mut impl Write,
     summary: &mut Summary,
     prefix: &str,
+    at: &Place,
     packet: &[u8],
     verdict: Verdict<'_>,
     note: Option<String>,
 ) -> Result<()> {
+    if at.json {
+        match &verdict {
+            Verdict::Good(p) | Verdict::BadIcrc(p, ..) => {
+                summary.roce += 1;
+                summary.bad_icrc += u64::from(matches!(verdict, Verdict::BadIcrc(..)));
+                if let Some(line) = mad::dissect(p) {
+                    summary.mads += 1;
+                    summary.bad_mads += u64::from(line.malformed);
+                }
+            }
+            Verdict::Malformed(_) => summary.malformed += 1,
+        }
+        writeln!(out, "{}", packet_json(at, packet, &verdict))?;
+        return Ok(());
+    }
     let note = note.map(|n| format!(" {n}")).unwrap_or_default();
     match verdict {
         Verdict::Good(p) => {
@@ -787,6 +896,7 @@ mod tests {
         let args = DecodeArgs {
             file: path.clone(),
             strict,
+            json: false,
         };
         let summary = decode(&args, &mut out).unwrap();
         std::fs::remove_file(&path).unwrap();
