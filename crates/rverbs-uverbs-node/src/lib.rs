@@ -69,68 +69,56 @@ fn missing_node(path: *const c_char, real_result: c_int) -> Option<u32> {
         .flatten()
 }
 
-/// `stat(2)`, with a missing `/dev/infiniband/uverbsN` shown as the
-/// kernel's character device.
-///
-/// # Safety
-/// As `stat(2)`: `path` NUL-terminated, `buf` writable.
-#[no_mangle]
-pub unsafe extern "C" fn stat(path: *const c_char, buf: *mut Stat) -> c_int {
-    type F = unsafe extern "C" fn(*const c_char, *mut Stat) -> c_int;
-    let Some(real) = next::<F>(c"stat") else {
-        set_errno(libc::ENOSYS);
-        return -1;
-    };
-    let saved = errno();
-    // SAFETY: the caller's arguments, passed on.
-    let r = unsafe { real(path, buf) };
-    match (missing_node(path, r), buf.is_null()) {
-        (Some(n), false) => {
-            // SAFETY: the caller's writable struct stat.
-            let b = unsafe { &mut *buf };
-            // SAFETY: all-zero is a valid struct stat.
-            *b = unsafe { std::mem::zeroed() };
-            b.st_mode = libc::S_IFCHR | 0o666;
-            b.st_rdev = uverbs_rdev(n);
-            b.st_nlink = 1;
-            b.st_blksize = 4096;
-            set_errno(saved);
-            0
+/// Defines `$name` (`stat` or `stat64`, filling `$buf`): the real call,
+/// and for a missing `/dev/infiniband/uverbsN` the kernel's character
+/// device instead of ENOENT, errno left as it was.
+macro_rules! stat_like {
+    ($(#[$doc:meta])* $name:ident, $buf:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the C function: `path` NUL-terminated, `buf` writable.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut $buf) -> c_int {
+            type F = unsafe extern "C" fn(*const c_char, *mut $buf) -> c_int;
+            let name = concat!(stringify!($name), "\0").as_bytes();
+            let Some(real) = CStr::from_bytes_with_nul(name).ok().and_then(next::<F>) else {
+                set_errno(libc::ENOSYS);
+                return -1;
+            };
+            let saved = errno();
+            // SAFETY: the caller's arguments, passed on.
+            let r = unsafe { real(path, buf) };
+            match (missing_node(path, r), buf.is_null()) {
+                (Some(n), false) => {
+                    // SAFETY: the caller's writable struct.
+                    let b = unsafe { &mut *buf };
+                    // SAFETY: all-zero is a valid struct stat / stat64.
+                    *b = unsafe { std::mem::zeroed() };
+                    b.st_mode = libc::S_IFCHR | 0o666;
+                    b.st_rdev = uverbs_rdev(n);
+                    b.st_nlink = 1;
+                    b.st_blksize = 4096;
+                    set_errno(saved);
+                    0
+                }
+                _ => r,
+            }
         }
-        _ => r,
-    }
+    };
 }
 
-/// `stat64`, as [`stat`].
-///
-/// # Safety
-/// As `stat64`: `path` NUL-terminated, `buf` writable.
-#[no_mangle]
-pub unsafe extern "C" fn stat64(path: *const c_char, buf: *mut Stat64) -> c_int {
-    type F = unsafe extern "C" fn(*const c_char, *mut Stat64) -> c_int;
-    let Some(real) = next::<F>(c"stat64") else {
-        set_errno(libc::ENOSYS);
-        return -1;
-    };
-    let saved = errno();
-    // SAFETY: the caller's arguments, passed on.
-    let r = unsafe { real(path, buf) };
-    match (missing_node(path, r), buf.is_null()) {
-        (Some(n), false) => {
-            // SAFETY: the caller's writable struct stat64.
-            let b = unsafe { &mut *buf };
-            // SAFETY: all-zero is a valid struct stat64.
-            *b = unsafe { std::mem::zeroed() };
-            b.st_mode = libc::S_IFCHR | 0o666;
-            b.st_rdev = uverbs_rdev(n);
-            b.st_nlink = 1;
-            b.st_blksize = 4096;
-            set_errno(saved);
-            0
-        }
-        _ => r,
-    }
-}
+stat_like!(
+    /// `stat(2)`, with a missing `/dev/infiniband/uverbsN` shown as the
+    /// kernel's character device.
+    stat,
+    Stat
+);
+stat_like!(
+    /// `stat64`, as [`stat`].
+    stat64,
+    Stat64
+);
 
 /// `access(2)`, with a missing `/dev/infiniband/uverbsN` readable and
 /// writable by all.
