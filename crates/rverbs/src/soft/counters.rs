@@ -72,6 +72,11 @@ fn trusted(stream: &UnixStream, pid: Option<u32>) -> bool {
 /// Serves counter queries until a query finds the device gone (a removed
 /// device keeps its thread, asleep, until the next query).
 fn serve(listener: &UnixListener, dev: &Weak<SoftDevice>) {
+    // The counters as last read, and when: queries closer together than
+    // READ_EVERY get the same figures, so a program asked in a loop (`watch
+    // rverbs stat`, a script) takes the engine's lock a few times a second
+    // at most.
+    let mut last: Option<(Instant, String)> = None;
     for stream in listener.incoming() {
         let Some(dev) = dev.upgrade() else { return };
         let Ok(mut stream) = stream else { continue };
@@ -80,13 +85,25 @@ fn serve(listener: &UnixListener, dev: &Weak<SoftDevice>) {
             continue;
         }
         let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-        let mut text = format!("device {}\naddr {}\n", dev.name, dev.addr);
-        for (name, value) in dev.net_stats().counters() {
-            text += &format!("{name} {value}\n");
+        let fresh = last
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < READ_EVERY);
+        if !fresh {
+            let mut text = format!("device {}\naddr {}\n", dev.name, dev.addr);
+            for (name, value) in dev.net_stats().counters() {
+                text += &format!("{name} {value}\n");
+            }
+            last = Some((Instant::now(), text));
         }
-        let _ = stream.write_all(text.as_bytes());
+        if let Some((_, text)) = &last {
+            let _ = stream.write_all(text.as_bytes());
+        }
     }
 }
+
+/// The shortest time between two reads of a device's counters for
+/// queries (see `serve`).
+const READ_EVERY: Duration = Duration::from_millis(200);
 
 /// The devices of every running program (of this user, or all as root)
 /// in this network namespace that has an rverbs device with its engine
