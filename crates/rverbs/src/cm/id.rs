@@ -1193,8 +1193,12 @@ impl CmSink for IdCore {
                 if let Some(qp) = &st.qp {
                     to_error(qp);
                 }
-                drop(st);
+                // Queued under the id's lock: whoever sees the id
+                // disconnected (a synchronous rdma_disconnect deciding
+                // whether an event will come) finds the event there too.
+                // (The channel's locks never take an id's.)
                 self.report(id, CmEventKind::Disconnected, 0, EventParam::None);
+                drop(st);
             }
             AgentEvent::TimewaitExit { .. } => {
                 let Some(id) = self.handle() else { return };
