@@ -10,33 +10,44 @@ use std::time::SystemTime;
 /// scripts/test does): a library older than any source it is made of fails
 /// the test rather than testing stale code.
 pub fn library() -> PathBuf {
+    built(
+        "libibverbs.so",
+        "rverbs-libibverbs",
+        &[
+            "rverbs-libibverbs",
+            "rverbs-ibverbs-abi",
+            "rverbs",
+            "rverbs-wire",
+            // The version script's generator (build.rs includes it).
+            "../build-support",
+        ],
+    )
+}
+
+/// `file` in `target/<profile>/`, built by `package`, and no older than
+/// any source under `sources` (crate directories): a missing or stale one
+/// fails the test, saying what to build.
+fn built(file: &str, package: &str, sources: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile_dir.join("libibverbs.so");
+    let lib = profile_dir.join(file);
     let built = std::fs::metadata(&lib)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| {
             panic!(
-                "{} is missing: run `cargo build -p rverbs-libibverbs` first",
+                "{} is missing: run `cargo build -p {package}` first",
                 lib.display()
             )
         });
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let newest = [
-        "rverbs-libibverbs",
-        "rverbs-ibverbs-abi",
-        "rverbs",
-        "rverbs-wire",
-        // The version script's generator (build.rs includes it).
-        "../build-support",
-    ]
-    .iter()
-    .map(|c| newest_source(&crates.join(c)))
-    .max()
-    .unwrap_or(SystemTime::UNIX_EPOCH);
+    let newest = sources
+        .iter()
+        .map(|c| newest_source(&crates.join(c)))
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     assert!(
         built >= newest,
-        "{} is older than its sources: run `cargo build -p rverbs-libibverbs` first",
+        "{} is older than its sources: run `cargo build -p {package}` first",
         lib.display()
     );
     lib
@@ -79,29 +90,11 @@ pub struct LibDir(pub PathBuf);
 /// against its sources as [`library`] is; it forwards every rdma_cm call
 /// to the built libibverbs.
 pub fn librdmacm() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile_dir.join("librdmacm.so");
-    let built = std::fs::metadata(&lib)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: run `cargo build -p rverbs-librdmacm` first",
-                lib.display()
-            )
-        });
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let newest = ["rverbs-librdmacm", "rverbs-ibverbs-abi", "../build-support"]
-        .iter()
-        .map(|c| newest_source(&crates.join(c)))
-        .max()
-        .unwrap_or(SystemTime::UNIX_EPOCH);
-    assert!(
-        built >= newest,
-        "{} is older than its sources: run `cargo build -p rverbs-librdmacm` first",
-        lib.display()
-    );
-    lib
+    built(
+        "librdmacm.so",
+        "rverbs-librdmacm",
+        &["rverbs-librdmacm", "rverbs-ibverbs-abi", "../build-support"],
+    )
 }
 
 impl LibDir {
@@ -208,13 +201,9 @@ pub fn is_root() -> bool {
 /// The built `librverbs_uverbs_node.so` (`cargo build -p
 /// rverbs-uverbs-node`), which `rverbs run` preloads for UCX.
 pub fn uverbs_node_preload() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile_dir.join("librverbs_uverbs_node.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build -p rverbs-uverbs-node` first",
-        lib.display()
-    );
-    lib
+    built(
+        "librverbs_uverbs_node.so",
+        "rverbs-uverbs-node",
+        &["rverbs-uverbs-node"],
+    )
 }

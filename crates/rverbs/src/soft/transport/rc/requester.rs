@@ -127,6 +127,22 @@ pub(super) struct SqEntry {
 }
 
 impl SqEntry {
+    /// A WQE just posted, its PSNs from `first_psn` on; a local operation
+    /// (no PSN, nothing sent) is `started` at once.
+    fn new(wqe: SendWqe, first_psn: Psn, npkts: u32, started: bool) -> SqEntry {
+        SqEntry {
+            wqe,
+            first_psn,
+            npkts,
+            started,
+            read_next: 0,
+            read_chunk_end: 0,
+            read_asked_from: 0,
+            read_reasked: false,
+            status: None,
+        }
+    }
+
     pub(super) fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts - 1)
     }
@@ -336,24 +352,23 @@ impl RcQp {
         Ok(())
     }
 
+    /// In ERR a WR posted completes at once with a flush error: whether it
+    /// did.
+    fn flushed_in_err(&mut self, entry: &SqEntry) -> bool {
+        if self.state != QpState::Err {
+            return false;
+        }
+        self.events.push_back(QpEvent::SendCompletion(
+            self.send_wc(entry, WcStatus::WrFlushErr),
+        ));
+        true
+    }
+
     /// Queues a send WR. In ERR it completes at once with a flush error.
     pub(crate) fn post_send(&mut self, wqe: SendWqe) {
         let npkts = self.packets_of(&wqe.op, wqe.length);
-        let entry = SqEntry {
-            wqe,
-            first_psn: self.req.next_psn,
-            npkts,
-            started: false,
-            read_next: 0,
-            read_chunk_end: 0,
-            read_asked_from: 0,
-            read_reasked: false,
-            status: None,
-        };
-        if self.state == QpState::Err {
-            self.events.push_back(QpEvent::SendCompletion(
-                self.send_wc(&entry, WcStatus::WrFlushErr),
-            ));
+        let entry = SqEntry::new(wqe, self.req.next_psn, npkts, false);
+        if self.flushed_in_err(&entry) {
             return;
         }
         self.req.next_psn = self.req.next_psn.add(npkts);
@@ -367,21 +382,8 @@ impl RcQp {
     /// (bind, as rxe) or LOC_QP_OP_ERR (invalidate) and the QP goes to ERR.
     /// In ERR it is flushed without effect.
     pub(crate) fn post_local_op(&mut self, wqe: SendWqe, mem: &dyn Memory) {
-        let entry = SqEntry {
-            wqe,
-            first_psn: self.req.next_psn,
-            npkts: 0,
-            started: true,
-            read_next: 0,
-            read_chunk_end: 0,
-            read_asked_from: 0,
-            read_reasked: false,
-            status: None,
-        };
-        if self.state == QpState::Err {
-            self.events.push_back(QpEvent::SendCompletion(
-                self.send_wc(&entry, WcStatus::WrFlushErr),
-            ));
+        let entry = SqEntry::new(wqe, self.req.next_psn, 0, true);
+        if self.flushed_in_err(&entry) {
             return;
         }
         let (pd, qpn) = (self.cfg.pd, self.cfg.qpn);
