@@ -11,7 +11,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
-mod log;
 
 /// Inspect and use rverbs software RoCE devices.
 #[derive(Parser)]
@@ -89,7 +88,7 @@ fn man_pages(dir: Option<&std::path::Path>, out: &mut impl Write) -> anyhow::Res
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    log::init();
+    rverbs::log::init_from_env();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let result = match cli.command {

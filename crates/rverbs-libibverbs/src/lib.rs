@@ -58,7 +58,6 @@ mod cq;
 mod device;
 mod ffi;
 mod handles;
-mod log;
 mod mr;
 mod mw;
 mod ops;

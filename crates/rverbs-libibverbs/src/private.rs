@@ -130,7 +130,8 @@ pub static VERBS_ALLOW_DISASSOCIATE_DESTROY: AtomicBool = AtomicBool::new(false)
 
 /// Runs when the library is loaded: the environment is read once, then.
 extern "C" fn at_load() {
-    crate::log::init();
+    // RVERBS_LOG, set up once, when the library is loaded.
+    rverbs::log::init_from_env();
     let allow = rverbs::allow_disassoc_destroy();
     VERBS_ALLOW_DISASSOCIATE_DESTROY.store(allow, Ordering::Relaxed);
     // SAFETY: registers a plain extern "C" function with no arguments, as

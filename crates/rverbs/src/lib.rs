@@ -116,6 +116,36 @@ pub mod counters {
     pub use crate::soft::counters::{running, summary, RunningDevice};
 }
 
+/// `RVERBS_LOG` (the `log-env` cargo feature): rverbs' tracing events (a
+/// device coming up, a refused GSO send, an assumed MTU, a poller that
+/// stopped parking …) to stderr, filtered with tracing's env-filter syntax
+/// (`debug`, `rverbs::soft::engine=trace`, …); unset, warnings and errors
+/// only.
+#[cfg(feature = "log-env")]
+pub mod log {
+    /// Installs the stderr subscriber `RVERBS_LOG` asks for, unless the
+    /// program installed one of its own; a filter that does not parse is
+    /// reported, and warnings are logged. Never panics.
+    pub fn init_from_env() {
+        let _ = std::panic::catch_unwind(|| {
+            use tracing_subscriber::EnvFilter;
+            let filter = match std::env::var("RVERBS_LOG") {
+                Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+                    eprintln!(
+                        "rverbs: RVERBS_LOG={spec:?} is not a filter ({e}); logging warnings"
+                    );
+                    EnvFilter::new("warn")
+                }),
+                Err(_) => EnvFilter::new("warn"),
+            };
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .try_init();
+        });
+    }
+}
+
 /// Test-only fault injection (the `fault-injection` cargo feature, which the
 /// crate's own tests turn on; never enabled in a build that ships): makes a
 /// device's engine panic, so tests can check that the device then fails
