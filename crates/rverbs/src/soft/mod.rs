@@ -22,6 +22,7 @@ pub(crate) mod device;
 pub(crate) mod engine;
 pub(crate) mod keymap;
 pub(crate) mod link;
+pub(crate) mod local;
 pub(crate) mod mapping;
 pub(crate) mod memory;
 pub(crate) mod notify;

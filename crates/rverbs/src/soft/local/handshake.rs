@@ -1,0 +1,1 @@
+//! Who is local, and the agreement (placeholder: written next).
