@@ -443,6 +443,8 @@ impl SoftDevice {
         };
         if self.engine.start_thread(&self.name, Box::new(watch)) {
             crate::soft::counters::publish(self);
+            // Devices of this host may now reach it through shared memory.
+            self.engine.start_local();
         }
     }
 

@@ -50,6 +50,7 @@
 //! solved for (`rx`).
 
 mod gsi;
+mod local;
 mod multicast;
 mod park;
 mod qpn;
@@ -83,6 +84,7 @@ use crate::wr::QpState;
 
 use gsi::GsiInbox;
 pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
+pub(crate) use local::enabled as same_host_enabled;
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
@@ -201,6 +203,8 @@ struct State {
     flush_order: Vec<u32>,
     /// Where MADs for QP 1 go (see `gsi`).
     gsi: Arc<GsiInbox>,
+    /// Links to devices of this host (see `local`).
+    links: local::Links,
 }
 
 /// What one packet in flight is taken to cost a receiving socket's buffer:
@@ -277,6 +281,8 @@ pub(crate) struct Engine {
     /// Wakes parked threads when a completion lands in a CQ (the
     /// process's, see `park`).
     bell: &'static Bell,
+    /// Answers same-host handshakes (see `local`), once started.
+    local_listener: OnceLock<crate::soft::local::handshake::LocalListener>,
 }
 
 impl Engine {
@@ -352,6 +358,7 @@ impl Engine {
                 budget_queue: VecDeque::new(),
                 flush_order: Vec::new(),
                 gsi: Arc::new(GsiInbox::new()?),
+                links: local::Links::default(),
                 #[cfg(feature = "fault-injection")]
                 armed_panic: None,
             }),
@@ -377,6 +384,7 @@ impl Engine {
             // it spins as before issue 13 (for a program that must not
             // block there, at the cost of the core).
             bell: Bell::process()?,
+            local_listener: OnceLock::new(),
         })
     }
 
@@ -649,6 +657,14 @@ impl Engine {
         // message this side received and completed flushed instead
         // (rdma_disconnect right after a receive).
         self.with_slot(AckPolicy::Now, qpn, |_| ())?;
+        // A peer on this host may be reached through shared memory: the
+        // link is made (or found) before the QP first sends to it.
+        let rc_or_uc = matches!(change.config, TransportConfig::Rc(_));
+        if rc_or_uc
+            && ((change.from == QpState::Init && change.to == QpState::Rtr) || change.sets_av)
+        {
+            self.ensure_link(change.peer.ip());
+        }
         self.with_slot(AckPolicy::Now, qpn, |slot| slot.apply(change))
     }
 
@@ -818,7 +834,7 @@ fn mark_dirty(st: &mut State, qpn: u32) {
 /// When a pass is due next: now if a QP still owes packets (a flush stopped
 /// at its budget) or received packets wait, else the earliest timer.
 fn next_deadline(st: &mut State) -> Option<Instant> {
-    if !st.dirty.is_empty() || st.rx_left.is_some() {
+    if !st.dirty.is_empty() || st.rx_left.is_some() || st.links.have_records() {
         return Some(Instant::now());
     }
     settle_timers(st);

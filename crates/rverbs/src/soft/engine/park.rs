@@ -56,7 +56,8 @@ use std::cell::Cell;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use smallvec::SmallVec;
 
-use super::{multicast, next_deadline, progress, Driver, Engine, BUSY_POLL_GRACE};
+use super::{local, multicast, next_deadline, progress, Driver, Engine, BUSY_POLL_GRACE};
+use crate::soft::local::ring::RingWatch;
 use crate::soft::sys;
 
 /// The process's completion bell: one for all its devices, so that a
@@ -430,8 +431,11 @@ impl Engine {
         let pushed = self.pushed();
         // The socket, the bell, and the multicast groups' sockets.
         let mut fds: SmallVec<[RawFd; 4]> = SmallVec::new();
+        // And the rings of same-host links.
+        let mut rings: SmallVec<[RingWatch; 4]> = SmallVec::new();
         let pass = self.locked(|st| {
             progress(st, &self.mrs, Driver::Parking);
+            st.links.watches(&mut rings);
             let fd = st.socket.as_ref().map(AsRawFd::as_raw_fd)?;
             fds.push(fd);
             fds.push(self.bell.fd.as_fd().as_raw_fd());
@@ -457,12 +461,16 @@ impl Engine {
         let mut rung = false;
         let mut slept = false;
         if self.pushed() == pushed && !ready() {
-            let readable = sys::wait_readable(&fds, wait);
-            rung = readable & 2 != 0;
-            slept = true;
-            if readable == 0 && wait >= STALL_MIN {
-                PARK_RAN_OUT.set(Some(cq));
+            // Counted as a sleeper of each ring first, then one more look.
+            if !local::sleep_begin(&rings) {
+                let readable = sys::wait_readable(&fds, wait);
+                rung = readable & 2 != 0;
+                slept = true;
+                if readable == 0 && wait >= STALL_MIN {
+                    PARK_RAN_OUT.set(Some(cq));
+                }
             }
+            local::sleep_end(&rings);
         }
         if self.parked.fetch_sub(1, Ordering::SeqCst) == 1 {
             // Up before its time, perhaps: the engine thread may take the

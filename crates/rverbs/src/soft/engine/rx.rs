@@ -46,6 +46,11 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
         }
         st.rx_spare = left.buf;
     }
+    // Packets from devices of this host, in their rings.
+    let (rings_dry, stop) = receive_local(st, mem, driver);
+    if stop {
+        return false;
+    }
     multicast::receive(st, mem);
     let mut rx = std::mem::take(&mut st.rx);
     let mut drained = false;
@@ -82,6 +87,12 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
         let Some(peer) = from.as_ref().and_then(sockaddr) else {
             continue;
         };
+        if n == 0 && st.links.to(peer.ip()).is_some() {
+            // A same-host peer's doorbell: its records are in the ring,
+            // which the next pass drains (`next_deadline` sees them).
+            st.stats.local_doorbells_received += 1;
+            continue;
+        }
         st.stats.rx_recvs += 1;
         let seg = gro.filter(|&g| g > 0).unwrap_or(n).max(1);
         let mut batch = Received {
@@ -120,7 +131,49 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
         }
     }
     st.rx = rx;
-    drained
+    drained && rings_dry
+}
+
+/// Most packets one pass takes from the same-host rings.
+const LOCAL_RX_BUDGET: usize = 256;
+
+/// Takes the packets waiting in the same-host links' rings, each handled
+/// in place. Whether the rings were read dry, and whether a poller's pass
+/// should stop here (a packet completed work).
+fn receive_local(st: &mut State, mem: &MrTable, driver: Driver) -> (bool, bool) {
+    if st.links.list.is_empty() {
+        return (true, false);
+    }
+    let local = st.local;
+    let mut links = std::mem::take(&mut st.links.list);
+    let mut taken = 0;
+    let mut stop = false;
+    'links: for link in &mut links {
+        let peer = link.peer_endpoint();
+        while taken < LOCAL_RX_BUDGET {
+            let Some(pkt) = link.next_record() else {
+                continue 'links;
+            };
+            taken += 1;
+            st.stats.rx_packets += 1;
+            st.stats.local_rx_packets += 1;
+            let completed = dispatch(st, mem, Instant::now(), local, peer, pkt);
+            link.consume();
+            if completed && driver == Driver::Poller {
+                stop = true;
+                break 'links;
+            }
+        }
+        break;
+    }
+    // Links made meanwhile (none: the lock is held) would be kept.
+    links.append(&mut st.links.list);
+    st.links.list = links;
+    let dry = !stop && taken < LOCAL_RX_BUDGET;
+    if taken > 0 {
+        st.stats.rx_recvs += 1;
+    }
+    (dry, stop)
 }
 
 /// A received datagram (one packet, or a GRO batch of `seg`-byte segments)
@@ -199,6 +252,20 @@ fn handle_datagram(
         Some(IdSource::Solved) => st.stats.rx_ip_id_solved += 1,
         Some(IdSource::Expected) => {}
     }
+    dispatch(st, mem, now, local, peer, pkt)
+}
+
+/// Parses one received packet (its ICRC checked, or from a same-host
+/// ring, which has none to check) and hands it to its QP's transport.
+/// Whether its QP now has completions or events to report.
+fn dispatch(
+    st: &mut State,
+    mem: &MrTable,
+    now: Instant,
+    local: SocketAddr,
+    peer: SocketAddr,
+    pkt: &[u8],
+) -> bool {
     let Ok(p) = PacketRepr::parse(pkt) else {
         st.stats.rx_malformed += 1;
         return false;

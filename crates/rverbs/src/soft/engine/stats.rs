@@ -156,6 +156,32 @@ counters_struct! {
         /// work instead of polling again); after the first, pollers no
         /// longer park. See `RVERBS_POLL_PARK` in the README.
         pub poll_park_stalls: u64,
+        /// Same-host links agreed with devices of this host.
+        pub local_links: u64,
+        /// Of those, links without cross-memory attach (refused by the
+        /// kernel or a seccomp profile).
+        pub local_links_without_cma: u64,
+        /// RC/UC QPs given a peer on this host with a link: same-host path.
+        pub local_qps: u64,
+        /// QPs given a peer with no rverbs device of this host behind it
+        /// (a remote host, kernel Soft-RoCE, a peer with the path off): wire.
+        pub wire_qps_not_local: u64,
+        /// QPs whose peer device runs as another user: wire.
+        pub wire_qps_other_user: u64,
+        /// QPs whose handshake failed otherwise (timeout, protocol): wire.
+        pub wire_qps_refused: u64,
+        /// QPs given a peer while `RVERBS_SAME_HOST=0`: wire.
+        pub wire_qps_path_off: u64,
+        /// Packets pushed into same-host rings.
+        pub local_tx_packets: u64,
+        /// Packets taken from same-host rings.
+        pub local_rx_packets: u64,
+        /// Times a ring was full when a QP had packets to send (it waits).
+        pub local_ring_full: u64,
+        /// Doorbells sent to peers whose threads slept.
+        pub local_doorbells_sent: u64,
+        /// Doorbells received.
+        pub local_doorbells_received: u64,
     }
 }
 

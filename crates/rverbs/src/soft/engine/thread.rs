@@ -18,7 +18,8 @@ use nix::sys::time::TimeSpec;
 use smallvec::SmallVec;
 
 use super::park::{Spin, SpinBudget, WaitEnd};
-use super::{multicast, next_deadline, progress, Driver, Engine};
+use super::{local, multicast, next_deadline, progress, Driver, Engine};
+use crate::soft::local::ring::RingWatch;
 use crate::soft::sys;
 
 /// The time slice the engine thread asks for: short, so that, woken by a
@@ -104,6 +105,8 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
     let mut spinning: Option<(Instant, Spin)> = None;
     // The multicast sockets it watches too, as of `groups_seen`.
     let mut group_fds: Vec<OwnedFd> = Vec::new();
+    // The same-host links' rings, as of the last look under the lock.
+    let mut rings: SmallVec<[RingWatch; 4]> = SmallVec::new();
     let mut groups_seen = 0;
     // A change before the thread watched goes unnoticed otherwise.
     watch.on_ready();
@@ -163,7 +166,10 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                 let mut watched: SmallVec<[RawFd; 4]> = SmallVec::new();
                 watched.push(socket_fd.as_raw_fd());
                 watched.extend(group_fds.iter().map(AsRawFd::as_raw_fd));
-                if engine.pollers_lag(now) && sys::wait_readable(&watched, Duration::ZERO) != 0 {
+                if engine.pollers_lag(now)
+                    && (sys::wait_readable(&watched, Duration::ZERO) != 0
+                        || rings.iter().any(RingWatch::has_records))
+                {
                     // Packets wait while the pollers are asleep or have not
                     // polled for a while: on a busy host, the one woken for
                     // them is not on a core yet. This thread, with its short
@@ -180,6 +186,8 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
             let Ok(mut st) = engine.lock() else { return };
             let timer = next_deadline(&mut st);
             st.thread_wakes_at = timer;
+            rings.clear();
+            st.links.watches(&mut rings);
             timer
         };
         let timeout = timer.map(|t| TimeSpec::from_duration(t.saturating_duration_since(now)));
@@ -199,13 +207,17 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         for fd in &group_fds {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
-        match ppoll(&mut fds, timeout, None) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => {
-                warn_once!("engine poll failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+        // Counted as a sleeper of each same-host ring, then one more look.
+        if !local::sleep_begin(&rings) {
+            match ppoll(&mut fds, timeout, None) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => {
+                    warn_once!("engine poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
         }
+        local::sleep_end(&rings);
         let woken = fds[0].revents().is_some_and(|r| !r.is_empty());
         let watched = watched_fd.is_some() && fds[2].revents().is_some_and(|r| !r.is_empty());
         drop(fds);

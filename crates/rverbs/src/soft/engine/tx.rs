@@ -407,6 +407,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         in_flight,
         in_flight_limit,
         budget_queue,
+        links,
         ..
     } = st;
     for (i, &qpn) in order.iter().enumerate() {
@@ -444,7 +445,38 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         // never holds the device for long.
         let mut out_of_budget = false;
         let peer = slot.peer;
-        if let (Transport::Rc(rc), Some(peer)) = (&mut slot.transport, peer) {
+        let link = peer.and_then(|p| links.to(p.ip()));
+        if let (Transport::Rc(rc), Some(link)) = (&mut slot.transport, link) {
+            // A peer on this host: each packet into the link's ring.
+            let mut budget = FLUSH_BUDGET;
+            loop {
+                if budget == 0 {
+                    out_of_budget = true;
+                    break;
+                }
+                if !link.has_room(MAX_PACKET) {
+                    // The peer has not caught up: the rest waits for the
+                    // next pass (nothing is built that would be lost).
+                    stats.local_ring_full += 1;
+                    out_of_budget = true;
+                    break;
+                }
+                budget -= 1;
+                refs.clear();
+                let mut buf = TxBuffer {
+                    bytes: &mut tx[..MAX_PACKET],
+                    refs: Some(&mut refs),
+                };
+                let Some(n) = rc.poll_transmit(now, mem, &mut buf, acks) else {
+                    break;
+                };
+                if link.push(mem, &tx[..n], &refs) {
+                    stats.local_tx_packets += 1;
+                } else {
+                    stats.tx_errors += 1;
+                }
+            }
+        } else if let (Transport::Rc(rc), Some(peer)) = (&mut slot.transport, peer) {
             let mut out = Sender {
                 socket: socket.as_ref(),
                 gso: &mut *gso,
@@ -549,6 +581,16 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 let Some((n, ip)) = ud.poll_transmit(mem, &mut buf) else {
                     break;
                 };
+                if let Some(link) = links.to(ip) {
+                    if link.push(mem, &tx[..n], &[]) {
+                        stats.local_tx_packets += 1;
+                    } else {
+                        // A full ring: a datagram lost, as UD may lose one.
+                        stats.local_ring_full += 1;
+                        stats.tx_errors += 1;
+                    }
+                    continue;
+                }
                 let mut out = Sender {
                     socket: socket.as_ref(),
                     gso: &mut *gso,
@@ -629,6 +671,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
     dirty.clear();
     dirty.extend(unfinished);
     st.dirty = dirty;
+    super::local::ring_doorbells(st);
 }
 
 /// Closes the open batch (packets `open_pkts..pkts_len`), if it holds any,

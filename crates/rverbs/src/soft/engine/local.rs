@@ -1,0 +1,319 @@
+//! The engine's side of the same-host path (see `soft::local`): its links
+//! to devices of this host, one shared-memory ring pair each; which QPs use
+//! them; a packet pushed into a link's ring instead of sent; the rings
+//! drained in each receive pass; and the doorbell that wakes a peer whose
+//! threads sleep.
+//!
+//! The packets are the ones the wire carries, so the transports above are
+//! the same either way, and a QP may receive from both; only the ICRC is
+//! left out (nothing corrupts shared memory on the way). A link is made
+//! when an RC or UC QP goes to RTR with a peer address that is not its own
+//! device's: the device there, if it is an rverbs device on this host, in
+//! this network namespace and of this user, agrees over its abstract
+//! socket (`soft::local::handshake`); anything else — a remote peer, kernel
+//! Soft-RoCE, another user, `RVERBS_SAME_HOST=0` on either side — keeps
+//! the wire, and the counters say why.
+//!
+//! Waking: a thread that sleeps waiting for packets (the engine thread, a
+//! parked poller) first counts itself in each ring's sleepers and looks at
+//! the rings once more; a sender that pushed into a ring whose consumer
+//! sleeps sends the peer's socket an empty datagram — the doorbell — which
+//! every sleeper of the peer watches already.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{recv, MsgFlags};
+use rverbs_wire::icrc::ROCE_V2_PORT;
+use smallvec::SmallVec;
+use std::os::fd::AsRawFd;
+
+use super::{peer_endpoint, Engine, State};
+use crate::soft::local::handshake::{self, LocalListener, Refusal};
+use crate::soft::local::ring::{Consumer, Producer, RingPair, RingWatch, DEFAULT_RING_BYTES};
+use crate::soft::local::LinkSetup;
+use crate::soft::memory::{MrCore, MrTable, WindowBytes};
+use crate::soft::transport::PayloadRef;
+
+/// How long a connecting handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a refusal stands before a QP to that address asks again.
+const REFUSAL_STANDS: Duration = Duration::from_millis(100);
+
+/// Whether the same-host path may be used: `RVERBS_SAME_HOST=0` turns it
+/// off for the process (no listener, no handshake: the wire for every QP,
+/// for captures and interop tests).
+pub(crate) fn enabled() -> bool {
+    std::env::var("RVERBS_SAME_HOST").map_or(true, |v| v.trim() != "0")
+}
+
+/// A link to a device of this host.
+pub(super) struct Link {
+    /// The peer device's address.
+    pub(super) peer: IpAddr,
+    tx: Producer,
+    rx: Consumer,
+    /// Records were pushed since the doorbell was last considered.
+    pushed: bool,
+    /// The handshake's connection: end-of-file once the peer is gone.
+    conn: OwnedFd,
+}
+
+/// The engine's links and what it remembers of handshakes.
+#[derive(Default)]
+pub(super) struct Links {
+    pub(super) list: Vec<Link>,
+    /// Addresses whose handshake failed lately, and when.
+    refused: Vec<(IpAddr, Instant)>,
+}
+
+impl Links {
+    /// The link to the device at `peer`, if there is one.
+    pub(super) fn to(&mut self, peer: IpAddr) -> Option<&mut Link> {
+        self.list.iter_mut().find(|l| l.peer == peer)
+    }
+
+    /// Drops links whose peer is gone (its handshake connection reads
+    /// end-of-file): a new device may have taken its address.
+    pub(super) fn prune_dead(&mut self) {
+        self.list.retain(|l| {
+            let mut b = [0u8; 1];
+            let peeked = recv(
+                l.conn.as_raw_fd(),
+                &mut b,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+            );
+            !matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET))
+        });
+    }
+
+    /// Whether any link's ring holds records not yet received.
+    pub(super) fn have_records(&self) -> bool {
+        self.list.iter().any(|l| !l.rx.is_empty())
+    }
+
+    /// Handles for sleepers (see the module docs).
+    pub(super) fn watches(&self, out: &mut SmallVec<[RingWatch; 4]>) {
+        out.extend(self.list.iter().map(|l| l.rx.watch()));
+    }
+}
+
+/// Counts a sleeper in each of `watches`' rings; whether records already
+/// wait there (then it must not sleep). Undo with [`sleep_end`].
+pub(super) fn sleep_begin(watches: &[RingWatch]) -> bool {
+    for w in watches {
+        w.sleep_begin();
+    }
+    watches.iter().any(RingWatch::has_records)
+}
+
+/// The sleeper is up.
+pub(super) fn sleep_end(watches: &[RingWatch]) {
+    for w in watches {
+        w.sleep_end();
+    }
+}
+
+impl Link {
+    /// Whether a packet of `len` bytes fits into the ring now.
+    pub(super) fn has_room(&mut self, len: usize) -> bool {
+        self.tx.has_room(len)
+    }
+
+    /// Pushes the packet `pkt` — headers and, where `refs` say, payload
+    /// from registered memory — into the ring. `false` if a reference no
+    /// longer checks (its MR was deregistered since the packet was built:
+    /// lost, as on the wire, and the retransmission fails the WR) or the
+    /// ring is full.
+    pub(super) fn push(&mut self, mem: &MrTable, pkt: &[u8], refs: &[PayloadRef]) -> bool {
+        if refs.is_empty() {
+            self.pushed |= self.tx.push_pieces(&[pkt]);
+            return self.pushed;
+        }
+        let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
+        for r in refs {
+            if mrs.iter().all(|(k, _)| *k != r.key) {
+                let Ok(mr) = mem.mr(r.key) else { return false };
+                mrs.push((r.key, mr));
+            }
+        }
+        let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
+        let mut windows: SmallVec<[WindowBytes<'_>; 4]> = SmallVec::new();
+        for r in refs {
+            let Some(m) = mrs.iter().position(|(k, _)| *k == r.key) else {
+                return false;
+            };
+            match guards[m].keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd)) {
+                Ok(w) => windows.push(w.into_bytes()),
+                Err(_) => return false,
+            }
+        }
+        let pushed = self.tx.push(pkt.len(), |body| {
+            let mut pos = 0;
+            for (r, w) in refs.iter().zip(&windows) {
+                let at = r.at as usize;
+                body[pos..at].copy_from_slice(&pkt[pos..at]);
+                let end = at + r.len as usize;
+                match w {
+                    WindowBytes::Owned(bytes) => body[at..end].copy_from_slice(bytes),
+                    WindowBytes::Foreign(bytes) => {
+                        bytes.copy_to(&mut body[at..end]);
+                    }
+                }
+                pos = end;
+            }
+            body[pos..].copy_from_slice(&pkt[pos..]);
+        });
+        self.pushed |= pushed;
+        pushed
+    }
+
+    /// The next record from the peer, in place (see `Consumer::peek`).
+    pub(super) fn next_record(&mut self) -> Option<&[u8]> {
+        self.rx.peek()
+    }
+
+    /// Done with the record [`next_record`](Self::next_record) gave.
+    pub(super) fn consume(&mut self) {
+        self.rx.consume();
+    }
+
+    /// The UDP endpoint of the peer device (what its packets count as
+    /// coming from).
+    pub(super) fn peer_endpoint(&self) -> SocketAddr {
+        SocketAddr::new(self.peer, ROCE_V2_PORT)
+    }
+}
+
+/// Rings the doorbell of every link a pass pushed into whose consumer
+/// sleeps: an empty datagram to the peer device's socket.
+pub(super) fn ring_doorbells(st: &mut State) {
+    let State {
+        links,
+        socket,
+        stats,
+        ..
+    } = st;
+    for link in &mut links.list {
+        if std::mem::take(&mut link.pushed) && link.tx.peer_sleeping() {
+            if let Some(s) = socket.as_ref() {
+                if s.send_to(&[], peer_endpoint(link.peer)).is_ok() {
+                    stats.local_doorbells_sent += 1;
+                }
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Starts answering same-host handshakes for this device (unless the
+    /// path is off, or the device's address is a wildcard).
+    pub(crate) fn start_local(self: &Arc<Self>) {
+        if !enabled() || self.local_addr.ip().is_unspecified() {
+            return;
+        }
+        let weak: Weak<Engine> = Arc::downgrade(self);
+        match LocalListener::start(self.local_addr.ip(), move |setup| {
+            if let Some(engine) = weak.upgrade() {
+                engine.install_link(setup);
+            }
+        }) {
+            Ok(listener) => {
+                let _ = self.local_listener.set(listener);
+            }
+            Err(e) => tracing::debug!(
+                local = %self.local_addr,
+                "no same-host listener ({e}): peers on this host use the wire"
+            ),
+        }
+    }
+
+    /// Makes sure a link to the device at `peer` exists if it can: called
+    /// (without the lock) when a QP is given that peer. What happened is
+    /// counted for the QP: a same-host QP, or the wire and why.
+    pub(super) fn ensure_link(&self, peer: IpAddr) {
+        let local = self.local_addr.ip();
+        if peer == local || peer.is_multicast() || peer.is_unspecified() {
+            return;
+        }
+        if !enabled() {
+            let _ = self.locked(|st| st.stats.wire_qps_path_off += 1);
+            return;
+        }
+        let known = self.locked(|st| {
+            st.links.prune_dead();
+            if st.links.to(peer).is_some() {
+                st.stats.local_qps += 1;
+                return true;
+            }
+            let now = Instant::now();
+            st.links
+                .refused
+                .retain(|(_, at)| now.saturating_duration_since(*at) < REFUSAL_STANDS);
+            if st.links.refused.iter().any(|(a, _)| *a == peer) {
+                st.stats.wire_qps_not_local += 1;
+                return true;
+            }
+            false
+        });
+        if known.unwrap_or(true) {
+            return;
+        }
+        match handshake::connect(local, peer, DEFAULT_RING_BYTES, HANDSHAKE_TIMEOUT) {
+            Ok(setup) => {
+                if self.install_link(setup) {
+                    let _ = self.locked(|st| st.stats.local_qps += 1);
+                }
+            }
+            Err(refusal) => {
+                tracing::debug!(
+                    local = %self.local_addr, %peer,
+                    "same-host path not taken: {refusal}; the wire is used"
+                );
+                let _ = self.locked(|st| {
+                    st.links.refused.push((peer, Instant::now()));
+                    match refusal {
+                        Refusal::NotLocal => st.stats.wire_qps_not_local += 1,
+                        Refusal::OtherUser { .. } => st.stats.wire_qps_other_user += 1,
+                        _ => st.stats.wire_qps_refused += 1,
+                    }
+                });
+            }
+        }
+    }
+
+    /// Takes a link a handshake agreed into use. Whether it was.
+    fn install_link(&self, setup: LinkSetup) -> bool {
+        let rings = match RingPair::map(&setup.shm, setup.initiator) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(peer = %setup.peer_addr, "same-host rings unusable: {e}");
+                return false;
+            }
+        };
+        tracing::debug!(
+            local = %self.local_addr, peer = %setup.peer_addr, pid = setup.peer_pid,
+            cma = setup.cma, "same-host link up"
+        );
+        self.locked(|st| {
+            // A newer link to the same device replaces the old one for
+            // sending; the old one is still drained until it is gone.
+            let link = Link {
+                peer: setup.peer_addr,
+                tx: rings.tx,
+                rx: rings.rx,
+                pushed: false,
+                conn: setup.conn,
+            };
+            st.links.list.insert(0, link);
+            st.links.refused.retain(|(a, _)| *a != setup.peer_addr);
+            st.stats.local_links += 1;
+            if !setup.cma {
+                st.stats.local_links_without_cma += 1;
+            }
+        })
+        .is_ok()
+    }
+}
