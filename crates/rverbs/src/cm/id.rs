@@ -9,7 +9,10 @@
 //! connect to a local address (loopback, or one of the host's) finds the
 //! device that listens on the port through the rendezvous
 //! (`soft::cm::rendezvous`); across hosts the peer's address is its
-//! device's.
+//! device's, resolved as the kernel resolves it — by the route's next hop,
+//! whose neighbour must answer (`soft::neigh`): until it does the id is in
+//! ADDR_QUERY and the outcome (ADDR_RESOLVED, or ADDR_ERROR) comes from
+//! the resolver thread.
 //!
 //! As librdmacm does for a QP created through it, an id given a QP brings
 //! it up itself: INIT on connect or accept, RTR and RTS with what the
@@ -37,6 +40,7 @@ use crate::soft::cm::rendezvous::{self, Registration};
 use crate::soft::cm::service::{CmService, CmSink, Owner};
 use crate::soft::device::PORT_NUM;
 use crate::soft::memory::random_u32;
+use crate::soft::neigh::{self, NeighbourWaiter, Resolution};
 use crate::verbs::device::Device;
 use crate::verbs::qp::QueuePair;
 use crate::wr::QpState;
@@ -64,6 +68,9 @@ const TARGET_ACK_DELAY: u8 = 15;
 const SIDR_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(4096);
 /// Ephemeral rdma_cm ports (as the kernel's `ip_local_port_range`).
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
+/// How long [`CmId::resolve_addr`] gives the next hop's neighbour (what
+/// rping and `rdma_create_ep` ask).
+pub const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(2000);
 
 /// An rdma_cm port space: which services a port names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,6 +185,8 @@ enum Target {
 enum Phase {
     Idle,
     Bound,
+    /// Resolving the address: waiting for the next hop's neighbour.
+    AddrQuery,
     AddrResolved,
     RouteResolved,
     Listening,
@@ -217,6 +226,24 @@ struct IdState {
 }
 
 impl IdState {
+    /// The address is resolved: the peer's connection manager is at
+    /// `target`.
+    fn resolved(&mut self, target: Target, dst: SocketAddr) {
+        self.target = target;
+        // As the kernel's rdma_cm puts the route's source in place of a
+        // wildcard: the connection comes from the device's address, and
+        // `rdma_get_local_addr` must say so (libfabric's rxm sends it to
+        // its peers as the address to connect back to).
+        if let (Some(local), Some(device)) = (self.local, &self.device) {
+            let from = device.addr();
+            if local.ip().is_unspecified() && from.is_ipv4() == dst.is_ipv4() {
+                self.local = Some(SocketAddr::new(from, local.port()));
+            }
+        }
+        self.peer = Some(dst);
+        self.phase = Phase::AddrResolved;
+    }
+
     /// A new id's state: nothing bound, resolved or connected, a fresh
     /// starting PSN.
     fn new() -> IdState {
@@ -505,10 +532,35 @@ impl CmId {
         Ok(())
     }
 
-    /// Resolves the peer's address (`rdma_resolve_addr`): binds the id if
-    /// it is not (to `src`, or any address), finds where the peer's
-    /// connection manager is, and reports ADDR_RESOLVED on the channel.
+    /// Resolves the peer's address (`rdma_resolve_addr`) within
+    /// [`RESOLVE_TIMEOUT`]: see [`resolve_addr_timeout`](Self::resolve_addr_timeout).
     pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<()> {
+        self.resolve_addr_timeout(src, dst, RESOLVE_TIMEOUT)
+    }
+
+    /// Resolves the peer's address (`rdma_resolve_addr` with `timeout`):
+    /// binds the id if it is not (to `src`, or any address) and finds
+    /// where the peer's connection manager is; the outcome comes on the
+    /// channel, as the kernel's rdma_cm reports it.
+    ///
+    /// A local destination (loopback, one of this host's addresses)
+    /// resolves at once through the rendezvous: ADDR_RESOLVED is queued
+    /// before this returns. Another host's goes by its route's next hop,
+    /// whose neighbour (ARP, IPv6 ND) must be valid: if it is (or the
+    /// route needs none), ADDR_RESOLVED is queued before this returns;
+    /// if not, the kernel is made to resolve it and this returns at once,
+    /// the id resolving in the background — ADDR_RESOLVED when the
+    /// neighbour is valid, or ADDR_ERROR with status `-ETIMEDOUT` if it is
+    /// not within `timeout` (the id is then bound, as before, and may
+    /// resolve again). Without a route there the call fails at once
+    /// (ENETUNREACH, or the route's error). EINVAL while a resolution is
+    /// pending, or for a listening or connected id.
+    pub fn resolve_addr_timeout(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
         let verb = Verb::ResolveAddr;
         if self.core.lock().phase == Phase::Idle {
             let any = SocketAddr::new(
@@ -527,20 +579,25 @@ impl CmId {
         ) {
             return Err(einval(verb, "the id is listening or connected"));
         }
-        st.target = resolve_target(self.core.space, dst)
-            .map_err(|e| Error::from_io(verb, &e, &format!("resolving {dst}")))?;
-        // As the kernel's rdma_cm puts the route's source in place of a
-        // wildcard: the connection comes from the device's address, and
-        // `rdma_get_local_addr` must say so (libfabric's rxm sends it to
-        // its peers as the address to connect back to).
-        if let (Some(local), Some(device)) = (st.local, &st.device) {
-            let from = device.addr();
-            if local.ip().is_unspecified() && from.is_ipv4() == dst.is_ipv4() {
-                st.local = Some(SocketAddr::new(from, local.port()));
+        let resolving = |e: std::io::Error| Error::from_io(verb, &e, &format!("resolving {dst}"));
+        let target = if is_local(dst.ip()) {
+            local_target(self.core.space, dst).map_err(resolving)?
+        } else {
+            let waiter: Weak<IdCore> = self.core.me.clone();
+            match neigh::resolve(dst.ip(), timeout, waiter).map_err(resolving)? {
+                Resolution::Now => Target::Device(dst.ip()),
+                Resolution::Later => {
+                    // The kernel's rdma_cm knows the destination from the
+                    // call on (`rdma_get_peer_addr`), the device's GID once
+                    // resolved.
+                    st.peer = Some(dst);
+                    st.target = Target::None;
+                    st.phase = Phase::AddrQuery;
+                    return Ok(());
+                }
             }
-        }
-        st.peer = Some(dst);
-        st.phase = Phase::AddrResolved;
+        };
+        st.resolved(target, dst);
         drop(st);
         self.core
             .report(self.clone(), CmEventKind::AddrResolved, 0, EventParam::None);
@@ -1124,6 +1181,32 @@ impl IdCore {
     }
 }
 
+impl NeighbourWaiter for IdCore {
+    /// The background resolution `resolve_addr` started is over:
+    /// ADDR_RESOLVED, or ADDR_ERROR with the kernel's status (the id is
+    /// bound again, as the kernel's goes back to ADDR_BOUND).
+    fn neighbour_resolved(&self, result: std::result::Result<(), nix::errno::Errno>) {
+        let Some(id) = self.handle() else { return };
+        let mut st = self.lock();
+        if st.phase != Phase::AddrQuery {
+            return;
+        }
+        let Some(dst) = st.peer else { return };
+        let (kind, status) = match result {
+            Ok(()) => {
+                st.resolved(Target::Device(dst.ip()), dst);
+                (CmEventKind::AddrResolved, 0)
+            }
+            Err(e) => {
+                st.phase = Phase::Bound;
+                (CmEventKind::AddrError, -(e as i32))
+            }
+        };
+        drop(st);
+        self.report(id, kind, status, EventParam::None);
+    }
+}
+
 impl CmSink for IdCore {
     fn on_device_removal(&self) {
         let Some(id) = self.handle() else { return };
@@ -1298,18 +1381,21 @@ fn sidr_as_req() -> Req {
 
 /// Where the CM of the peer at `dst` is: a local address asks the
 /// rendezvous which device listens on the port.
+/// Where a connect to `dst` goes now: for another host's address, the
+/// address itself (the host must still have a route there: without one
+/// the kernel's rdma_cm fails at once, ENETUNREACH); for a local one, the
+/// device the rendezvous names.
 fn resolve_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
     if !is_local(dst.ip()) {
-        // The host must have a route there: without one the kernel's
-        // rdma_resolve_addr fails at once (ENETUNREACH), and so does this.
-        // A connected UDP socket asks the routing table; nothing is sent.
-        let any: SocketAddr = match dst {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-        };
-        std::net::UdpSocket::bind(any)?.connect(crate::soft::engine::peer_endpoint(dst.ip()))?;
+        neigh::check_route(dst.ip())?;
         return Ok(Target::Device(dst.ip()));
     }
+    local_target(space, dst)
+}
+
+/// The device listening on `dst`'s port in this network namespace (the
+/// rendezvous), for a local `dst`.
+fn local_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
     Ok(match rendezvous::lookup(space.code(), dst.port())? {
         Some(ip) => Target::Device(ip),
         None => Target::NoListener,
