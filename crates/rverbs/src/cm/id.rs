@@ -38,7 +38,7 @@ use crate::soft::cm::agent::{
 use crate::soft::cm::msg::{CmTransport, Req, SidrStatus};
 use crate::soft::cm::rendezvous::{self, Registration};
 use crate::soft::cm::service::{CmService, CmSink, Owner};
-use crate::soft::device::PORT_NUM;
+use crate::soft::device::{FailoverWatcher, PORT_NUM};
 use crate::soft::memory::random_u32;
 use crate::soft::neigh::{self, NeighbourWaiter, Resolution};
 use crate::verbs::device::Device;
@@ -223,6 +223,11 @@ struct IdState {
     established_param: EventParam,
     /// What RTR and RTS take, once the peer's REQ or REP is known.
     rtr: Option<Rtr>,
+    /// Attached to its device (bound to an address, resolved, or made by a
+    /// request): the interface's hardware address then, as the kernel's
+    /// rdma_cm records it; a bonding failover to another one is reported
+    /// as ADDR_CHANGE. `None` while not attached.
+    attached_hw_addr: Option<Vec<u8>>,
 }
 
 impl IdState {
@@ -262,6 +267,7 @@ impl IdState {
             req: None,
             established_param: EventParam::None,
             rtr: None,
+            attached_hw_addr: None,
         }
     }
 }
@@ -529,6 +535,9 @@ impl CmId {
         st.device = Some(device);
         st.local = Some(SocketAddr::new(addr.ip(), port));
         st.phase = Phase::Bound;
+        if !addr.ip().is_unspecified() {
+            self.core.attach(&mut st);
+        }
         Ok(())
     }
 
@@ -598,6 +607,7 @@ impl CmId {
             }
         };
         st.resolved(target, dst);
+        self.core.attach(&mut st);
         drop(st);
         self.core
             .report(self.clone(), CmEventKind::AddrResolved, 0, EventParam::None);
@@ -1001,6 +1011,18 @@ impl IdCore {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Attaches the id to its device, once: it records the interface's
+    /// hardware address and hears of the interface's bonding failovers.
+    fn attach(&self, st: &mut IdState) {
+        if st.attached_hw_addr.is_some() {
+            return;
+        }
+        let Some(device) = &st.device else { return };
+        st.attached_hw_addr = Some(device.core.hw_addr());
+        let me: Weak<IdCore> = self.me.clone();
+        device.core.watch_failovers(me);
+    }
+
     fn sink(&self) -> Weak<dyn CmSink> {
         let me: Weak<IdCore> = self.me.clone();
         me
@@ -1114,6 +1136,7 @@ impl IdCore {
         };
         {
             let mut st = id.core.lock();
+            id.core.attach(&mut st);
             let port_mtu = st
                 .device
                 .as_ref()
@@ -1195,6 +1218,7 @@ impl NeighbourWaiter for IdCore {
         let (kind, status) = match result {
             Ok(()) => {
                 st.resolved(Target::Device(dst.ip()), dst);
+                self.attach(&mut st);
                 (CmEventKind::AddrResolved, 0)
             }
             Err(e) => {
@@ -1207,11 +1231,28 @@ impl NeighbourWaiter for IdCore {
     }
 }
 
+impl FailoverWatcher for IdCore {
+    /// ADDR_CHANGE if the bond's hardware address is not the one the id
+    /// was attached with (`cma_netdev_change`).
+    fn bonding_failover(&self, hw_addr: &[u8]) {
+        let Some(id) = self.handle() else { return };
+        let changed = self
+            .lock()
+            .attached_hw_addr
+            .as_deref()
+            .is_some_and(|was| was != hw_addr);
+        if changed {
+            self.report(id, CmEventKind::AddrChange, 0, EventParam::None);
+        }
+    }
+}
+
 impl CmSink for IdCore {
     fn on_device_removal(&self) {
         let Some(id) = self.handle() else { return };
         let mut st = self.lock();
         st.phase = Phase::Failed;
+        st.attached_hw_addr = None;
         if let Some(qp) = &st.qp {
             to_error(qp);
         }
@@ -1490,6 +1531,60 @@ mod tests {
             super::flow_label(u16::MAX, u16::MAX),
             (65535 * 32) & 0xfffff
         );
+    }
+
+    #[test]
+    fn a_bonding_failover_to_another_address_reaches_the_attached_ids() {
+        use crate::soft::link::{LinkNotice, Notices};
+        // A device of its own: no other test's ids are attached to it.
+        let dev = crate::add_device(crate::DeviceConfig::loopback().named("cm-failover")).unwrap();
+        let ch = EventChannel::new().unwrap();
+        let bound = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        bound.bind_addr(SocketAddr::new(dev.addr(), 0)).unwrap();
+        let resolved = CmId::new(&ch, PortSpace::Udp).unwrap();
+        resolved
+            .resolve_addr(
+                Some(SocketAddr::new(dev.addr(), 0)),
+                SocketAddr::new(dev.addr(), 9),
+            )
+            .unwrap();
+        assert_eq!(ch.try_get_event().unwrap().kind, CmEventKind::AddrResolved);
+        // Not bound: attached to no device.
+        let _idle = CmId::new(&ch, PortSpace::Tcp).unwrap();
+
+        let failover = |ifindex: u32, hw: &[u8], bonding_failover: bool| {
+            dev.core.follow_link(
+                &Notices {
+                    links: vec![LinkNotice {
+                        ifindex,
+                        hw_addr: Some(hw.to_vec()),
+                        bonding_failover,
+                    }],
+                    lost: false,
+                },
+                false,
+            )
+        };
+        let was = dev.core.hw_addr();
+        let other = [0x02, 0, 0, 0, 0x0f, 0x0f];
+        // The same address, another interface's failover, or a plain
+        // address change: no event.
+        failover(dev.core.ifindex, &was, true);
+        failover(dev.core.ifindex + 1000, &other, true);
+        failover(dev.core.ifindex, &other, false);
+        assert!(ch.try_get_event().is_none());
+        // A failover to another address: each attached id hears of it.
+        failover(dev.core.ifindex, &other, true);
+        let mut heard: Vec<CmId> = std::iter::from_fn(|| ch.try_get_event())
+            .map(|ev| {
+                assert_eq!((ev.kind, ev.status), (CmEventKind::AddrChange, 0));
+                ev.id
+            })
+            .collect();
+        assert_eq!(heard.len(), 2, "{heard:?}");
+        heard.retain(|id| id != &bound && id != &resolved);
+        assert!(heard.is_empty(), "{heard:?}");
+        dev.disassociate();
     }
 }
 
