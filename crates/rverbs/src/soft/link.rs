@@ -18,11 +18,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::net::if_::InterfaceFlags;
+use nix::sys::socket::{recv, MsgFlags};
 
 use super::rtnl;
-use nix::sys::socket::{
-    bind, recv, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
-};
 
 /// rtnetlink multicast groups: links, IPv4 and IPv6 addresses.
 const RTMGRP_LINK: u32 = 0x1;
@@ -38,14 +36,7 @@ impl LinkWatch {
     /// Subscribes, in the calling thread's network namespace (the one the
     /// device's socket lives in).
     pub(crate) fn open() -> io::Result<LinkWatch> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkRoute,
-        )?;
-        let groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
+        let fd = rtnl::subscribe(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)?;
         Ok(LinkWatch { fd })
     }
 
