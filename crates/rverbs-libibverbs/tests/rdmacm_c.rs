@@ -164,6 +164,36 @@ fn resolving_an_address_without_a_route_fails_at_once() {
     assert!(ok && text.contains("ok"), "{text}");
 }
 
+/// An address on the link that nobody holds: `rdma_resolve_addr` returns
+/// 0 and ADDR_ERROR comes with status -ETIMEDOUT after the timeout (no
+/// neighbour answered), as from the kernel's rdma_cm; a synchronous id's
+/// call fails with ETIMEDOUT (`c/rdmacm_addr_error.c`, in a network
+/// namespace of its own with a veth pair, the device on one end; needs
+/// root).
+#[test]
+fn resolving_an_address_nobody_holds_ends_in_addr_error() {
+    if !common::is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: needs root for a network namespace");
+        return;
+    }
+    let dir = common::LibDir::with_rdmacm("addr_error");
+    let Some(exe) = compile(&dir.0, "rdmacm_addr_error", &["-O0"]) else {
+        return;
+    };
+    let exe = exe.to_str().unwrap();
+    let setup = "ip link set lo up && ip link add d0 type veth peer name d1 \
+                 && ip addr add 10.99.8.1/24 dev d0 && ip link set d0 up \
+                 && ip link set d1 up && exec \"$0\"";
+    let (ok, text) = common::run_program(
+        Path::new("/usr/bin/unshare"),
+        &["--net", "sh", "-c", setup, exe],
+        &dir.0,
+        &[("RVERBS_ADDR", "10.99.8.1")],
+    );
+    assert!(ok && text.contains("ok"), "{text}");
+}
+
 /// `rdma_destroy_id` waits for the id's events to be acknowledged, so an
 /// event thread may read `event->id` until its ack (AddressSanitizer
 /// catches a use after free).

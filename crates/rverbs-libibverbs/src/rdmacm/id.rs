@@ -724,14 +724,16 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut s
     })
 }
 
-/// `rdma_resolve_addr` (the timeout is not needed: resolving is local).
+/// `rdma_resolve_addr`: `timeout_ms` bounds the wait for the next hop's
+/// neighbour (ADDR_ERROR with -ETIMEDOUT after it), as the kernel's; it is
+/// unsigned there, as librdmacm passes it on.
 pub(crate) unsafe extern "C" fn rdma_resolve_addr(
     id: *mut rdma_cm_id,
     src_addr: *mut sockaddr,
     dst_addr: *mut sockaddr,
     timeout_ms: c_int,
 ) -> c_int {
-    let _ = timeout_ms;
+    let timeout = std::time::Duration::from_millis(u64::from(timeout_ms as u32));
     guard(-1, || {
         // SAFETY: the program's id and addresses, or NULL.
         let (Some(w), Some(dst)) = (unsafe { id_ref(id) }, unsafe { socket_addr(dst_addr) }) else {
@@ -739,7 +741,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_addr(
         };
         // SAFETY: as above.
         let src = unsafe { socket_addr(src_addr) };
-        if let Err(e) = w.rust.resolve_addr(src, dst) {
+        if let Err(e) = w.rust.resolve_addr_timeout(src, dst, timeout) {
             return neg(errno_of(&e));
         }
         w.sync_fields();

@@ -9,7 +9,10 @@
 //! connect to a local address (loopback, or one of the host's) finds the
 //! device that listens on the port through the rendezvous
 //! (`soft::cm::rendezvous`); across hosts the peer's address is its
-//! device's.
+//! device's, resolved as the kernel resolves it — by the route's next hop,
+//! whose neighbour must answer (`soft::neigh`): until it does the id is in
+//! ADDR_QUERY and the outcome (ADDR_RESOLVED, or ADDR_ERROR) comes from
+//! the resolver thread.
 //!
 //! As librdmacm does for a QP created through it, an id given a QP brings
 //! it up itself: INIT on connect or accept, RTR and RTS with what the
@@ -35,8 +38,9 @@ use crate::soft::cm::agent::{
 use crate::soft::cm::msg::{CmTransport, Req, SidrStatus};
 use crate::soft::cm::rendezvous::{self, Registration};
 use crate::soft::cm::service::{CmService, CmSink, Owner};
-use crate::soft::device::PORT_NUM;
+use crate::soft::device::{FailoverWatcher, PORT_NUM};
 use crate::soft::memory::random_u32;
+use crate::soft::neigh::{self, NeighbourWaiter, Resolution};
 use crate::verbs::device::Device;
 use crate::verbs::qp::QueuePair;
 use crate::wr::QpState;
@@ -64,6 +68,9 @@ const TARGET_ACK_DELAY: u8 = 15;
 const SIDR_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(4096);
 /// Ephemeral rdma_cm ports (as the kernel's `ip_local_port_range`).
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
+/// How long [`CmId::resolve_addr`] gives the next hop's neighbour (what
+/// rping and `rdma_create_ep` ask).
+pub const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(2000);
 
 /// An rdma_cm port space: which services a port names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,6 +185,8 @@ enum Target {
 enum Phase {
     Idle,
     Bound,
+    /// Resolving the address: waiting for the next hop's neighbour.
+    AddrQuery,
     AddrResolved,
     RouteResolved,
     Listening,
@@ -214,9 +223,32 @@ struct IdState {
     established_param: EventParam,
     /// What RTR and RTS take, once the peer's REQ or REP is known.
     rtr: Option<Rtr>,
+    /// Attached to its device (bound to an address, resolved, or made by a
+    /// request): the interface's hardware address then, as the kernel's
+    /// rdma_cm records it; a bonding failover to another one is reported
+    /// as ADDR_CHANGE. `None` while not attached.
+    attached_hw_addr: Option<Vec<u8>>,
 }
 
 impl IdState {
+    /// The address is resolved: the peer's connection manager is at
+    /// `target`.
+    fn resolved(&mut self, target: Target, dst: SocketAddr) {
+        self.target = target;
+        // As the kernel's rdma_cm puts the route's source in place of a
+        // wildcard: the connection comes from the device's address, and
+        // `rdma_get_local_addr` must say so (libfabric's rxm sends it to
+        // its peers as the address to connect back to).
+        if let (Some(local), Some(device)) = (self.local, &self.device) {
+            let from = device.addr();
+            if local.ip().is_unspecified() && from.is_ipv4() == dst.is_ipv4() {
+                self.local = Some(SocketAddr::new(from, local.port()));
+            }
+        }
+        self.peer = Some(dst);
+        self.phase = Phase::AddrResolved;
+    }
+
     /// A new id's state: nothing bound, resolved or connected, a fresh
     /// starting PSN.
     fn new() -> IdState {
@@ -235,6 +267,7 @@ impl IdState {
             req: None,
             established_param: EventParam::None,
             rtr: None,
+            attached_hw_addr: None,
         }
     }
 }
@@ -502,13 +535,41 @@ impl CmId {
         st.device = Some(device);
         st.local = Some(SocketAddr::new(addr.ip(), port));
         st.phase = Phase::Bound;
+        if !addr.ip().is_unspecified() {
+            self.core.attach(&mut st);
+        }
         Ok(())
     }
 
-    /// Resolves the peer's address (`rdma_resolve_addr`): binds the id if
-    /// it is not (to `src`, or any address), finds where the peer's
-    /// connection manager is, and reports ADDR_RESOLVED on the channel.
+    /// Resolves the peer's address (`rdma_resolve_addr`) within
+    /// [`RESOLVE_TIMEOUT`]: see [`resolve_addr_timeout`](Self::resolve_addr_timeout).
     pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<()> {
+        self.resolve_addr_timeout(src, dst, RESOLVE_TIMEOUT)
+    }
+
+    /// Resolves the peer's address (`rdma_resolve_addr` with `timeout`):
+    /// binds the id if it is not (to `src`, or any address) and finds
+    /// where the peer's connection manager is; the outcome comes on the
+    /// channel, as the kernel's rdma_cm reports it.
+    ///
+    /// A local destination (loopback, one of this host's addresses)
+    /// resolves at once through the rendezvous: ADDR_RESOLVED is queued
+    /// before this returns. Another host's goes by its route's next hop,
+    /// whose neighbour (ARP, IPv6 ND) must be valid: if it is (or the
+    /// route needs none), ADDR_RESOLVED is queued before this returns;
+    /// if not, the kernel is made to resolve it and this returns at once,
+    /// the id resolving in the background — ADDR_RESOLVED when the
+    /// neighbour is valid, or ADDR_ERROR with status `-ETIMEDOUT` if it is
+    /// not within `timeout` (the id is then bound, as before, and may
+    /// resolve again). Without a route there the call fails at once
+    /// (ENETUNREACH, or the route's error). EINVAL while a resolution is
+    /// pending, or for a listening or connected id.
+    pub fn resolve_addr_timeout(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
         let verb = Verb::ResolveAddr;
         if self.core.lock().phase == Phase::Idle {
             let any = SocketAddr::new(
@@ -527,20 +588,26 @@ impl CmId {
         ) {
             return Err(einval(verb, "the id is listening or connected"));
         }
-        st.target = resolve_target(self.core.space, dst)
-            .map_err(|e| Error::from_io(verb, &e, &format!("resolving {dst}")))?;
-        // As the kernel's rdma_cm puts the route's source in place of a
-        // wildcard: the connection comes from the device's address, and
-        // `rdma_get_local_addr` must say so (libfabric's rxm sends it to
-        // its peers as the address to connect back to).
-        if let (Some(local), Some(device)) = (st.local, &st.device) {
-            let from = device.addr();
-            if local.ip().is_unspecified() && from.is_ipv4() == dst.is_ipv4() {
-                st.local = Some(SocketAddr::new(from, local.port()));
+        let resolving = |e: std::io::Error| Error::from_io(verb, &e, &format!("resolving {dst}"));
+        let target = if is_local(dst.ip()) {
+            local_target(self.core.space, dst).map_err(resolving)?
+        } else {
+            let waiter: Weak<IdCore> = self.core.me.clone();
+            match neigh::resolve(dst.ip(), timeout, waiter).map_err(resolving)? {
+                Resolution::Now => Target::Device(dst.ip()),
+                Resolution::Later => {
+                    // The kernel's rdma_cm knows the destination from the
+                    // call on (`rdma_get_peer_addr`), the device's GID once
+                    // resolved.
+                    st.peer = Some(dst);
+                    st.target = Target::None;
+                    st.phase = Phase::AddrQuery;
+                    return Ok(());
+                }
             }
-        }
-        st.peer = Some(dst);
-        st.phase = Phase::AddrResolved;
+        };
+        st.resolved(target, dst);
+        self.core.attach(&mut st);
         drop(st);
         self.core
             .report(self.clone(), CmEventKind::AddrResolved, 0, EventParam::None);
@@ -944,6 +1011,18 @@ impl IdCore {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Attaches the id to its device, once: it records the interface's
+    /// hardware address and hears of the interface's bonding failovers.
+    fn attach(&self, st: &mut IdState) {
+        if st.attached_hw_addr.is_some() {
+            return;
+        }
+        let Some(device) = &st.device else { return };
+        st.attached_hw_addr = Some(device.core.hw_addr());
+        let me: Weak<IdCore> = self.me.clone();
+        device.core.watch_failovers(me);
+    }
+
     fn sink(&self) -> Weak<dyn CmSink> {
         let me: Weak<IdCore> = self.me.clone();
         me
@@ -1057,6 +1136,7 @@ impl IdCore {
         };
         {
             let mut st = id.core.lock();
+            id.core.attach(&mut st);
             let port_mtu = st
                 .device
                 .as_ref()
@@ -1124,11 +1204,55 @@ impl IdCore {
     }
 }
 
+impl NeighbourWaiter for IdCore {
+    /// The background resolution `resolve_addr` started is over:
+    /// ADDR_RESOLVED, or ADDR_ERROR with the kernel's status (the id is
+    /// bound again, as the kernel's goes back to ADDR_BOUND).
+    fn neighbour_resolved(&self, result: std::result::Result<(), nix::errno::Errno>) {
+        let Some(id) = self.handle() else { return };
+        let mut st = self.lock();
+        if st.phase != Phase::AddrQuery {
+            return;
+        }
+        let Some(dst) = st.peer else { return };
+        let (kind, status) = match result {
+            Ok(()) => {
+                st.resolved(Target::Device(dst.ip()), dst);
+                self.attach(&mut st);
+                (CmEventKind::AddrResolved, 0)
+            }
+            Err(e) => {
+                st.phase = Phase::Bound;
+                (CmEventKind::AddrError, -(e as i32))
+            }
+        };
+        drop(st);
+        self.report(id, kind, status, EventParam::None);
+    }
+}
+
+impl FailoverWatcher for IdCore {
+    /// ADDR_CHANGE if the bond's hardware address is not the one the id
+    /// was attached with (`cma_netdev_change`).
+    fn bonding_failover(&self, hw_addr: &[u8]) {
+        let Some(id) = self.handle() else { return };
+        let changed = self
+            .lock()
+            .attached_hw_addr
+            .as_deref()
+            .is_some_and(|was| was != hw_addr);
+        if changed {
+            self.report(id, CmEventKind::AddrChange, 0, EventParam::None);
+        }
+    }
+}
+
 impl CmSink for IdCore {
     fn on_device_removal(&self) {
         let Some(id) = self.handle() else { return };
         let mut st = self.lock();
         st.phase = Phase::Failed;
+        st.attached_hw_addr = None;
         if let Some(qp) = &st.qp {
             to_error(qp);
         }
@@ -1298,18 +1422,21 @@ fn sidr_as_req() -> Req {
 
 /// Where the CM of the peer at `dst` is: a local address asks the
 /// rendezvous which device listens on the port.
+/// Where a connect to `dst` goes now: for another host's address, the
+/// address itself (the host must still have a route there: without one
+/// the kernel's rdma_cm fails at once, ENETUNREACH); for a local one, the
+/// device the rendezvous names.
 fn resolve_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
     if !is_local(dst.ip()) {
-        // The host must have a route there: without one the kernel's
-        // rdma_resolve_addr fails at once (ENETUNREACH), and so does this.
-        // A connected UDP socket asks the routing table; nothing is sent.
-        let any: SocketAddr = match dst {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-        };
-        std::net::UdpSocket::bind(any)?.connect(crate::soft::engine::peer_endpoint(dst.ip()))?;
+        neigh::check_route(dst.ip())?;
         return Ok(Target::Device(dst.ip()));
     }
+    local_target(space, dst)
+}
+
+/// The device listening on `dst`'s port in this network namespace (the
+/// rendezvous), for a local `dst`.
+fn local_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
     Ok(match rendezvous::lookup(space.code(), dst.port())? {
         Some(ip) => Target::Device(ip),
         None => Target::NoListener,
@@ -1404,6 +1531,60 @@ mod tests {
             super::flow_label(u16::MAX, u16::MAX),
             (65535 * 32) & 0xfffff
         );
+    }
+
+    #[test]
+    fn a_bonding_failover_to_another_address_reaches_the_attached_ids() {
+        use crate::soft::link::{LinkNotice, Notices};
+        // A device of its own: no other test's ids are attached to it.
+        let dev = crate::add_device(crate::DeviceConfig::loopback().named("cm-failover")).unwrap();
+        let ch = EventChannel::new().unwrap();
+        let bound = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        bound.bind_addr(SocketAddr::new(dev.addr(), 0)).unwrap();
+        let resolved = CmId::new(&ch, PortSpace::Udp).unwrap();
+        resolved
+            .resolve_addr(
+                Some(SocketAddr::new(dev.addr(), 0)),
+                SocketAddr::new(dev.addr(), 9),
+            )
+            .unwrap();
+        assert_eq!(ch.try_get_event().unwrap().kind, CmEventKind::AddrResolved);
+        // Not bound: attached to no device.
+        let _idle = CmId::new(&ch, PortSpace::Tcp).unwrap();
+
+        let failover = |ifindex: u32, hw: &[u8], bonding_failover: bool| {
+            dev.core.follow_link(
+                &Notices {
+                    links: vec![LinkNotice {
+                        ifindex,
+                        hw_addr: Some(hw.to_vec()),
+                        bonding_failover,
+                    }],
+                    lost: false,
+                },
+                false,
+            )
+        };
+        let was = dev.core.hw_addr();
+        let other = [0x02, 0, 0, 0, 0x0f, 0x0f];
+        // The same address, another interface's failover, or a plain
+        // address change: no event.
+        failover(dev.core.ifindex, &was, true);
+        failover(dev.core.ifindex + 1000, &other, true);
+        failover(dev.core.ifindex, &other, false);
+        assert!(ch.try_get_event().is_none());
+        // A failover to another address: each attached id hears of it.
+        failover(dev.core.ifindex, &other, true);
+        let mut heard: Vec<CmId> = std::iter::from_fn(|| ch.try_get_event())
+            .map(|ev| {
+                assert_eq!((ev.kind, ev.status), (CmEventKind::AddrChange, 0));
+                ev.id
+            })
+            .collect();
+        assert_eq!(heard.len(), 2, "{heard:?}");
+        heard.retain(|id| id != &bound && id != &resolved);
+        assert!(heard.is_empty(), "{heard:?}");
+        dev.disassociate();
     }
 }
 

@@ -22,7 +22,7 @@ mod channel;
 mod id;
 
 pub use channel::{CmEvent, CmEventKind, ConnEventParam, EventChannel, EventParam, UdParam};
-pub use id::{CmId, ConnParam, PortSpace, RDMA_UDP_QKEY};
+pub use id::{CmId, ConnParam, PortSpace, RDMA_UDP_QKEY, RESOLVE_TIMEOUT};
 
 use std::io::{Read, Write};
 use std::net::Ipv6Addr;

@@ -250,6 +250,20 @@ pub(crate) struct SoftDevice {
     /// The connection manager, started by the first rdma_cm-style id that
     /// needs the device.
     cm: Mutex<Option<CmService>>,
+    /// The interface's hardware address as last seen (empty: none, or
+    /// unknown), followed from the link notifications.
+    hw_addr: Mutex<Vec<u8>>,
+    /// Who hears of a bonding failover of the interface (the connection
+    /// manager ids attached to the device).
+    failover_watchers: Mutex<Vec<Weak<dyn FailoverWatcher>>>,
+}
+
+/// Who hears that the device's interface, a bond, failed over to another
+/// slave (a connection manager id attached to the device).
+pub(crate) trait FailoverWatcher: Send + Sync {
+    /// The bond's active slave changed; `hw_addr` is the bond's hardware
+    /// address now.
+    fn bonding_failover(&self, hw_addr: &[u8]);
 }
 
 impl SoftDevice {
@@ -310,6 +324,12 @@ impl SoftDevice {
                 }
             },
             cm: Mutex::new(None),
+            hw_addr: Mutex::new(if ifindex == 0 {
+                Vec::new()
+            } else {
+                link::hw_addr(ifindex)
+            }),
+            failover_watchers: Mutex::new(Vec::new()),
         });
         // A failed engine ends the device (held weakly: the engine lives
         // inside it).
@@ -433,6 +453,65 @@ impl SoftDevice {
         }
     }
 
+    /// The interface's hardware address as last seen (empty: none, or not
+    /// known).
+    pub(crate) fn hw_addr(&self) -> Vec<u8> {
+        self.hw_addr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Tells `watcher` of the interface's bonding failovers from now on
+    /// (while it lives), and starts the engine thread, which watches for
+    /// them.
+    pub(crate) fn watch_failovers(self: &Arc<Self>, watcher: Weak<dyn FailoverWatcher>) {
+        {
+            let mut list = self
+                .failover_watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            list.retain(|w| w.strong_count() > 0);
+            list.push(watcher);
+        }
+        self.start_engine();
+    }
+
+    /// Follows the link notifications about the device's interface: its
+    /// hardware address, and a bonding failover, which every watcher hears
+    /// (the kernel's rdma_cm raises ADDR_CHANGE on it). Lost notifications
+    /// (`lost`) or the first look (`refresh`) read the address afresh.
+    pub(crate) fn follow_link(&self, notices: &link::Notices, refresh: bool) {
+        if self.ifindex == 0 {
+            return;
+        }
+        if refresh || notices.lost {
+            *self.hw_addr.lock().unwrap_or_else(|p| p.into_inner()) = link::hw_addr(self.ifindex);
+        }
+        for notice in notices.links.iter().filter(|n| n.ifindex == self.ifindex) {
+            if let Some(hw) = &notice.hw_addr {
+                hw.clone_into(&mut self.hw_addr.lock().unwrap_or_else(|p| p.into_inner()));
+            }
+            if !notice.bonding_failover {
+                continue;
+            }
+            let hw = self.hw_addr();
+            tracing::info!(name = %self.name, interface = ?self.interface, "bonding failover");
+            let watchers: Vec<_> = {
+                let mut list = self
+                    .failover_watchers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                list.retain(|w| w.strong_count() > 0);
+                list.iter().filter_map(Weak::upgrade).collect()
+            };
+            // No lock held: a watcher takes its own, and reports.
+            for w in watchers {
+                w.bonding_failover(&hw);
+            }
+        }
+    }
+
     /// Starts the device's engine thread (once): it then also watches the
     /// host's address changes for the port, and the device's counters are
     /// published for `rverbs counters`.
@@ -440,6 +519,7 @@ impl SoftDevice {
         let watch = PortWatch {
             link: self.link_watch.clone(),
             device: Arc::downgrade(self),
+            looked: AtomicBool::new(false),
         };
         if self.engine.start_thread(&self.name, Box::new(watch)) {
             crate::soft::counters::publish(self);
@@ -545,6 +625,8 @@ impl SoftDevice {
 struct PortWatch {
     link: Option<Arc<LinkWatch>>,
     device: Weak<SoftDevice>,
+    /// The first look is done (the interface's address was read afresh).
+    looked: AtomicBool,
 }
 
 impl Watch for PortWatch {
@@ -553,11 +635,13 @@ impl Watch for PortWatch {
     }
 
     fn on_ready(&self) {
-        if let Some(w) = &self.link {
-            w.drain();
-        }
+        let notices = match &self.link {
+            Some(w) => w.drain(),
+            None => link::Notices::default(),
+        };
         if let Some(dev) = self.device.upgrade() {
             dev.check_link();
+            dev.follow_link(&notices, !self.looked.swap(true, Ordering::AcqRel));
         }
     }
 }

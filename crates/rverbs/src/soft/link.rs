@@ -4,6 +4,13 @@
 //! goes away (or its interface goes down) the port goes DOWN with
 //! IBV_EVENT_PORT_ERR to every context; when it comes back, ACTIVE with
 //! IBV_EVENT_PORT_ACTIVE. Nothing polls: an idle device stays idle.
+//!
+//! The same notifications tell of a bonding failover (`RTM_NEWLINK` with
+//! `IFLA_EVENT_BONDING_FAILOVER`, which only the bonding driver raises)
+//! and carry the link's hardware address: the device follows its
+//! interface's address, and a failover of its interface reaches the
+//! connection manager's ids (ADDR_CHANGE, as the kernel's rdma_cm raises
+//! it on `NETDEV_BONDING_FAILOVER`).
 
 use std::io;
 use std::net::IpAddr;
@@ -11,9 +18,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::net::if_::InterfaceFlags;
-use nix::sys::socket::{
-    bind, recv, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
-};
+use nix::sys::socket::{recv, MsgFlags};
+
+use super::rtnl;
 
 /// rtnetlink multicast groups: links, IPv4 and IPv6 addresses.
 const RTMGRP_LINK: u32 = 0x1;
@@ -29,14 +36,7 @@ impl LinkWatch {
     /// Subscribes, in the calling thread's network namespace (the one the
     /// device's socket lives in).
     pub(crate) fn open() -> io::Result<LinkWatch> {
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkRoute,
-        )?;
-        let groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
+        let fd = rtnl::subscribe(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)?;
         Ok(LinkWatch { fd })
     }
 
@@ -45,22 +45,91 @@ impl LinkWatch {
         self.fd.as_fd()
     }
 
-    /// Reads every pending notification (their content does not matter:
-    /// the address is looked up afresh); whether there was any.
-    pub(crate) fn drain(&self) -> bool {
+    /// Reads every pending notification: what they said of links (the
+    /// address is looked up afresh, whatever they say of it).
+    pub(crate) fn drain(&self) -> Notices {
         let mut buf = [0u8; 8192];
-        let mut any = false;
+        let mut notices = Notices::default();
         loop {
             match recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
-                Ok(0) => return any,
-                Ok(_) => any = true,
+                Ok(0) => return notices,
+                Ok(n) => notices.links.extend(link_notices(&buf[..n])),
                 Err(Errno::EINTR) => {}
-                // ENOBUFS: notifications were lost; a fresh look covers them.
-                Err(Errno::ENOBUFS) => any = true,
-                Err(_) => return any,
+                // ENOBUFS: notifications were lost; a fresh look covers
+                // the address, not the link events that were in them.
+                Err(Errno::ENOBUFS) => notices.lost = true,
+                Err(_) => return notices,
             }
         }
     }
+}
+
+/// What a batch of notifications said of links, in order.
+#[derive(Debug, Default)]
+pub(crate) struct Notices {
+    pub(crate) links: Vec<LinkNotice>,
+    /// Some were lost (the socket's buffer overflowed).
+    pub(crate) lost: bool,
+}
+
+/// One `RTM_NEWLINK` notification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LinkNotice {
+    pub(crate) ifindex: u32,
+    /// Its hardware address (`IFLA_ADDRESS`), if it has one.
+    pub(crate) hw_addr: Option<Vec<u8>>,
+    /// It announces a bonding failover (`IFLA_EVENT_BONDING_FAILOVER`):
+    /// the bond's active slave changed.
+    pub(crate) bonding_failover: bool,
+}
+
+/// `IFLA_ADDRESS`, `IFLA_EVENT` and its `IFLA_EVENT_BONDING_FAILOVER`.
+const IFLA_ADDRESS: u16 = 1;
+const IFLA_EVENT: u16 = 44;
+const IFLA_EVENT_BONDING_FAILOVER: u32 = 3;
+/// Bytes of `struct ifinfomsg`.
+const IFINFOMSG: usize = 16;
+
+/// The link notifications in one datagram from the socket.
+pub(crate) fn link_notices(buf: &[u8]) -> impl Iterator<Item = LinkNotice> + '_ {
+    rtnl::messages(buf)
+        .filter(|m| m.kind == rtnl::RTM_NEWLINK)
+        .filter_map(|m| {
+            let mut notice = LinkNotice {
+                ifindex: rtnl::u32_at(m.payload, 4)?,
+                hw_addr: None,
+                bonding_failover: false,
+            };
+            for (ty, value) in rtnl::attributes(m.payload.get(IFINFOMSG..)?) {
+                match ty {
+                    IFLA_ADDRESS => notice.hw_addr = Some(value.to_vec()),
+                    IFLA_EVENT => {
+                        notice.bonding_failover =
+                            rtnl::u32_at(value, 0) == Some(IFLA_EVENT_BONDING_FAILOVER);
+                    }
+                    _ => {}
+                }
+            }
+            Some(notice)
+        })
+}
+
+/// The hardware address of interface `ifindex` (`RTM_GETLINK`); empty if
+/// it has none or cannot be read.
+pub(crate) fn hw_addr(ifindex: u32) -> Vec<u8> {
+    let mut body = [0u8; IFINFOMSG];
+    body[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    let Ok(answer) = rtnl::request(rtnl::RTM_GETLINK, &body, &[], rtnl::RTM_NEWLINK) else {
+        return Vec::new();
+    };
+    answer
+        .get(IFINFOMSG..)
+        .and_then(|attrs| {
+            rtnl::attributes(attrs)
+                .find(|&(ty, _)| ty == IFLA_ADDRESS)
+                .map(|(_, v)| v.to_vec())
+        })
+        .unwrap_or_default()
 }
 
 /// Whether `addr` is on an interface that is up and running: assigned to
@@ -104,6 +173,65 @@ pub(crate) fn address_usable(addr: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `RTM_NEWLINK` notification for `ifindex` with `attrs`.
+    fn newlink(ifindex: u32, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+        let mut body = vec![0u8; IFINFOMSG];
+        body[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+        for (ty, value) in attrs {
+            let len = 4 + value.len();
+            body.extend_from_slice(&(len as u16).to_ne_bytes());
+            body.extend_from_slice(&ty.to_ne_bytes());
+            body.extend_from_slice(value);
+            body.resize((body.len() + 3) & !3, 0);
+        }
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
+        msg.extend_from_slice(&rtnl::RTM_NEWLINK.to_ne_bytes());
+        msg.extend_from_slice(&[0; 10]);
+        msg.extend_from_slice(&body);
+        msg
+    }
+
+    #[test]
+    fn a_bonding_failover_notification_is_recognised_with_its_address() {
+        let mac = [0x02, 0, 0, 0, 0, 0x2a];
+        let mut batch = newlink(
+            7,
+            &[(IFLA_ADDRESS, &mac), (IFLA_EVENT, &3u32.to_ne_bytes())],
+        );
+        // A plain link change, and a notify-peers event: no failover.
+        batch.extend(newlink(7, &[(IFLA_ADDRESS, &mac)]));
+        batch.extend(newlink(8, &[(IFLA_EVENT, &4u32.to_ne_bytes())]));
+        let got: Vec<_> = link_notices(&batch).collect();
+        assert_eq!(
+            got,
+            vec![
+                LinkNotice {
+                    ifindex: 7,
+                    hw_addr: Some(mac.to_vec()),
+                    bonding_failover: true
+                },
+                LinkNotice {
+                    ifindex: 7,
+                    hw_addr: Some(mac.to_vec()),
+                    bonding_failover: false
+                },
+                LinkNotice {
+                    ifindex: 8,
+                    hw_addr: None,
+                    bonding_failover: false
+                },
+            ]
+        );
+        // Cut short: what does not fit is not read.
+        assert_eq!(link_notices(&batch[..20]).count(), 0);
+    }
+
+    #[test]
+    fn loopback_has_an_all_zero_hardware_address() {
+        assert_eq!(hw_addr(1), vec![0; 6]);
+    }
 
     #[test]
     fn every_loopback_address_is_usable_and_a_foreign_one_is_not() {

@@ -10,7 +10,9 @@
 //! state machines it drives; a QP's completions and events come up through
 //! `engine::QpEvents`, which `qp::QpCore` implements, and every local and
 //! remote access is checked through `memory::MrTable`. `cm` is the
-//! connection manager's protocol core (sans-IO, like `transport`).
+//! connection manager's protocol core (sans-IO, like `transport`); `neigh`
+//! resolves its destinations' neighbours (over `rtnl`, rtnetlink), as the
+//! kernel's `rdma_resolve_addr` does.
 
 pub(crate) mod channel;
 pub(crate) mod cm;
@@ -25,9 +27,11 @@ pub(crate) mod link;
 pub(crate) mod local;
 pub(crate) mod mapping;
 pub(crate) mod memory;
+pub(crate) mod neigh;
 pub(crate) mod notify;
 pub(crate) mod pd;
 pub(crate) mod qp;
+pub(crate) mod rtnl;
 pub(crate) mod srq;
 pub(crate) mod sys;
 pub(crate) mod transport;
