@@ -34,6 +34,11 @@ pub(crate) struct LinkSetup {
     /// Cross-memory attach (`process_vm_readv`/`process_vm_writev`) was
     /// tried both ways and works.
     pub(crate) cma: bool,
+    /// Why cross-memory attach is off when `cma` is false: the error of
+    /// this side's probe, else the one the peer reported for its own
+    /// (EPERM: a seccomp profile or Yama's ptrace scope; ESRCH: the peer's
+    /// process is not visible from here, as from another PID namespace).
+    pub(crate) cma_refused: Option<nix::errno::Errno>,
     /// The handshake's socket, kept open: it reads end-of-file when the
     /// peer's device goes away.
     pub(crate) conn: OwnedFd,
