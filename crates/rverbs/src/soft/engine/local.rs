@@ -295,9 +295,9 @@ impl Engine {
         };
         tracing::debug!(
             local = %self.local_addr, peer = %setup.peer_addr, pid = setup.peer_pid,
-            cma = setup.cma, "same-host link up"
+            cma = setup.cma, cma_refused = ?setup.cma_refused, "same-host link up"
         );
-        self.locked(|st| {
+        let installed = self.locked(|st| {
             // A newer link to the same device replaces the old one for
             // sending; the old one is still drained until it is gone.
             let link = Link {
@@ -314,6 +314,11 @@ impl Engine {
                 st.stats.local_links_without_cma += 1;
             }
         })
-        .is_ok()
+        .is_ok();
+        // Threads asleep now do not count as the new ring's sleepers: they
+        // look again (the engine thread, and parked pollers).
+        let _ = self.waker.write(1);
+        self.bell.wake();
+        installed
     }
 }

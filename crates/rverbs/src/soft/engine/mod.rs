@@ -84,7 +84,6 @@ use crate::wr::QpState;
 
 use gsi::GsiInbox;
 pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
-pub(crate) use local::enabled as same_host_enabled;
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;

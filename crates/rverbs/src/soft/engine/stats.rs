@@ -172,9 +172,9 @@ counters_struct! {
         pub wire_qps_refused: u64,
         /// QPs given a peer while `RVERBS_SAME_HOST=0`: wire.
         pub wire_qps_path_off: u64,
-        /// Packets pushed into same-host rings.
+        /// Packets pushed into same-host rings (counted in `tx_packets` too).
         pub local_tx_packets: u64,
-        /// Packets taken from same-host rings.
+        /// Packets taken from same-host rings (counted in `rx_packets` too).
         pub local_rx_packets: u64,
         /// Times a ring was full when a QP had packets to send (it waits).
         pub local_ring_full: u64,

@@ -471,6 +471,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                     break;
                 };
                 if link.push(mem, &tx[..n], &refs) {
+                    stats.tx_packets += 1;
                     stats.local_tx_packets += 1;
                 } else {
                     stats.tx_errors += 1;
@@ -583,6 +584,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 };
                 if let Some(link) = links.to(ip) {
                     if link.push(mem, &tx[..n], &[]) {
+                        stats.tx_packets += 1;
                         stats.local_tx_packets += 1;
                     } else {
                         // A full ring: a datagram lost, as UD may lose one.

@@ -33,6 +33,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::stat::fstat;
@@ -86,11 +87,22 @@ pub(crate) fn create_shm(ring_bytes: usize) -> io::Result<OwnedFd> {
     let capacity = ring_bytes
         .clamp(MIN_RING_BYTES, MAX_RING_BYTES)
         .next_power_of_two();
-    let fd = memfd_create(c"rverbs-local-ring", MFdFlags::MFD_CLOEXEC)?;
+    let fd = memfd_create(
+        c"rverbs-local-ring",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
     let total = total_size(capacity);
     ftruncate(
         &fd,
         i64::try_from(total).map_err(|_| io::Error::other("ring too large"))?,
+    )?;
+    // Its size is fixed for good: a peer cannot shrink it under our
+    // mapping (a SIGBUS), only scribble on it (a broken ring).
+    fcntl(
+        &fd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+        ),
     )?;
     let map = Mapping::new(&fd, total)?;
     let meta = map.meta();
@@ -186,6 +198,13 @@ impl RingPair {
     pub(crate) fn map(fd: &OwnedFd, initiator: bool) -> io::Result<RingPair> {
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
         let len = usize::try_from(fstat(fd.as_fd())?.st_size).map_err(|_| invalid("bad size"))?;
+        // Only memory whose size nobody can change is mapped.
+        let seals = SealFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GET_SEALS)?);
+        if !seals.contains(SealFlag::F_SEAL_SHRINK) {
+            return Err(invalid(
+                "shared ring memory is not sealed against shrinking",
+            ));
+        }
         if len < total_size(MIN_RING_BYTES) {
             return Err(invalid("shared ring memory too small"));
         }
@@ -197,7 +216,10 @@ impl RingPair {
             return Err(invalid("not an rverbs ring (magic or version)"));
         }
         let capacity = usize::try_from(meta.capacity.load(Ordering::Relaxed)).unwrap_or(0);
-        if !capacity.is_power_of_two() || capacity < MIN_RING_BYTES || total_size(capacity) != len {
+        if !capacity.is_power_of_two()
+            || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&capacity)
+            || total_size(capacity) != len
+        {
             return Err(invalid("ring capacity does not match its memory"));
         }
         let (out, inp) = if initiator { (0, 1) } else { (1, 0) };
@@ -566,7 +588,12 @@ mod tests {
     fn memory_that_is_not_a_ring_is_refused() {
         let fd = memfd_create(c"not-a-ring", MFdFlags::MFD_CLOEXEC).unwrap();
         ftruncate(&fd, total_size(MIN_RING_BYTES) as i64).unwrap();
-        assert!(RingPair::map(&fd, true).is_err());
+        assert!(RingPair::map(&fd, true).is_err(), "unsealed");
+        // Sealed, the right size, but a capacity far out of bounds.
+        let fd = create_shm(MIN_RING_BYTES).unwrap();
+        let map = Mapping::new(&fd, total_size(MIN_RING_BYTES)).unwrap();
+        map.meta().capacity.store(1 << 63, Ordering::Relaxed);
+        assert!(RingPair::map(&fd, true).is_err(), "huge capacity");
     }
 
     #[test]
