@@ -221,13 +221,31 @@ impl Engine {
             }
         }) {
             Ok(listener) => {
-                let _ = self.local_listener.set(listener);
+                let mut slot = self
+                    .local_listener
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if self.stopped.load(std::sync::atomic::Ordering::Acquire) || self.has_failed() {
+                    return;
+                }
+                *slot = Some(listener);
             }
             Err(e) => tracing::debug!(
                 local = %self.local_addr,
                 "no same-host listener ({e}): peers on this host use the wire"
             ),
         }
+    }
+
+    /// Stops answering handshakes (the device is gone or failed): the
+    /// name is free for the next device with this address.
+    pub(super) fn stop_local(&self) {
+        let listener = self
+            .local_listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        drop(listener);
     }
 
     /// Makes sure a link to the device at `peer` exists if it can: called
@@ -297,24 +315,25 @@ impl Engine {
             local = %self.local_addr, peer = %setup.peer_addr, pid = setup.peer_pid,
             cma = setup.cma, cma_refused = ?setup.cma_refused, "same-host link up"
         );
-        let installed = self.locked(|st| {
-            // A newer link to the same device replaces the old one for
-            // sending; the old one is still drained until it is gone.
-            let link = Link {
-                peer: setup.peer_addr,
-                tx: rings.tx,
-                rx: rings.rx,
-                pushed: false,
-                conn: setup.conn,
-            };
-            st.links.list.insert(0, link);
-            st.links.refused.retain(|(a, _)| *a != setup.peer_addr);
-            st.stats.local_links += 1;
-            if !setup.cma {
-                st.stats.local_links_without_cma += 1;
-            }
-        })
-        .is_ok();
+        let installed = self
+            .locked(|st| {
+                // A newer link to the same device replaces the old one for
+                // sending; the old one is still drained until it is gone.
+                let link = Link {
+                    peer: setup.peer_addr,
+                    tx: rings.tx,
+                    rx: rings.rx,
+                    pushed: false,
+                    conn: setup.conn,
+                };
+                st.links.list.insert(0, link);
+                st.links.refused.retain(|(a, _)| *a != setup.peer_addr);
+                st.stats.local_links += 1;
+                if !setup.cma {
+                    st.stats.local_links_without_cma += 1;
+                }
+            })
+            .is_ok();
         // Threads asleep now do not count as the new ring's sleepers: they
         // look again (the engine thread, and parked pollers).
         let _ = self.waker.write(1);

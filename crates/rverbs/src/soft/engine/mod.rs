@@ -280,8 +280,10 @@ pub(crate) struct Engine {
     /// Wakes parked threads when a completion lands in a CQ (the
     /// process's, see `park`).
     bell: &'static Bell,
-    /// Answers same-host handshakes (see `local`), once started.
-    local_listener: OnceLock<crate::soft::local::handshake::LocalListener>,
+    /// Answers same-host handshakes (see `local`) while the device lives:
+    /// closed with its socket, so a device that takes the address next can
+    /// answer for it.
+    local_listener: Mutex<Option<crate::soft::local::handshake::LocalListener>>,
 }
 
 impl Engine {
@@ -383,7 +385,7 @@ impl Engine {
             // it spins as before issue 13 (for a program that must not
             // block there, at the cost of the core).
             bell: Bell::process()?,
-            local_listener: OnceLock::new(),
+            local_listener: Mutex::new(None),
         })
     }
 
@@ -488,7 +490,10 @@ impl Engine {
     pub(crate) fn abandon(&self) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.socket = None;
+        // The same-host links go too: their peers read end-of-file.
+        st.links = local::Links::default();
         drop(st);
+        self.stop_local();
         let _ = self.waker.write(1);
     }
 
@@ -810,7 +815,9 @@ impl Engine {
             }
             tx::flush(st, &self.mrs, Instant::now(), AckPolicy::Now);
             st.socket = None;
+            st.links = local::Links::default();
         });
+        self.stop_local();
         if flushed.is_err() {
             // Failed meanwhile: its state stays as it is, the socket closes.
             self.abandon();
