@@ -2229,12 +2229,11 @@ fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>], rows: &[Row])
     let mut second = Vec::new();
     if !paths.is_empty() {
         let names: Vec<&str> = paths.iter().map(|p| p.name()).collect();
-        let how = match &args.server {
-            Some(addr) => format!("the path the server at {addr} offers"),
-            None if paths.contains(&DataPath::Wire) => {
-                format!("a server each; the wire's with {SAME_HOST_ENV}=0")
-            }
-            None => "a server each".to_string(),
+        let how = match (&args.server, paths.as_slice()) {
+            (Some(addr), _) => format!("the path the server at {addr} offers"),
+            (None, [DataPath::Wire]) => format!("its server with {SAME_HOST_ENV}=0"),
+            (None, [_]) => "its own server".to_string(),
+            (None, _) => format!("a server each; the wire's with {SAME_HOST_ENV}=0"),
         };
         second.push(format!(
             "path{} measured: {} ({how})",
