@@ -276,11 +276,27 @@ fn bench_latency_then_bandwidth_finishes() {
             "--rounds",
             "3",
             "--no-baseline",
+            "--no-memcpy",
         ];
         args.extend(mode);
         let (rows, _) = bench_json(&args, std::time::Duration::from_secs(120));
-        let tests: Vec<&str> = rows.iter().filter_map(|r| r["test"].as_str()).collect();
-        assert_eq!(tests, ["send_lat", "rdma_write", "send"], "{rows:?}");
+        // Each test over each path, the paths' rows one after the other.
+        let tests: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r["test"].as_str().unwrap(), r["path"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            tests,
+            [
+                ("send_lat", "same-host"),
+                ("send_lat", "wire"),
+                ("rdma_write", "same-host"),
+                ("rdma_write", "wire"),
+                ("send", "same-host"),
+                ("send", "wire")
+            ],
+            "{rows:?}"
+        );
         // Every row says how many packets were resent, and what CPU time
         // its rverbs side cost.
         for row in &rows {
@@ -293,6 +309,17 @@ fn bench_latency_then_bandwidth_finishes() {
 /// Runs `rverbs bench ARGS --json --quiet` to the end (killed and failed
 /// after `limit`), and returns its JSON rows and how long it ran.
 fn bench_json(args: &[&str], limit: std::time::Duration) -> (Vec<serde_json::Value>, f64) {
+    let (rows, took, _) = bench_run(args, &[], limit);
+    (rows, took)
+}
+
+/// [`bench_json`] with `env` added to the command's environment; also
+/// returns what it said on stderr.
+fn bench_run(
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: std::time::Duration,
+) -> (Vec<serde_json::Value>, f64, String) {
     use std::time::Instant;
     let start = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_rverbs"))
@@ -301,6 +328,7 @@ fn bench_json(args: &[&str], limit: std::time::Duration) -> (Vec<serde_json::Val
         .args(["--json", "--quiet"])
         .env_remove("RVERBS_CONFIG")
         .env_remove("RVERBS_ADDR")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -330,7 +358,11 @@ fn bench_json(args: &[&str], limit: std::time::Duration) -> (Vec<serde_json::Val
     );
     let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("rverbs bench {args:?} printed no JSON ({e}):\n{stdout}"));
-    (rows, took)
+    (
+        rows,
+        took,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn num(v: &serde_json::Value, field: &str) -> f64 {
@@ -357,11 +389,12 @@ const SMALL_LAT_AND_WRITE: [&str; 8] = [
 #[test]
 fn bench_pairs_report_every_pair() {
     for mode in [None, Some("--event")] {
-        let mut args = vec!["--pairs", "2", "--rounds", "2"];
+        let mut args = vec!["--pairs", "2", "--rounds", "2", "--no-memcpy"];
         args.extend(SMALL_LAT_AND_WRITE);
         args.extend(mode);
         let (rows, _) = bench_json(&args, std::time::Duration::from_secs(300));
-        assert_eq!(rows.len(), 2, "{rows:?}");
+        // Latency, then the WRITE, each over the same-host path and the wire.
+        assert_eq!(rows.len(), 4, "{rows:?}");
         for row in &rows {
             assert_eq!(row["pairs"], 2, "{row}");
             assert_eq!(row["placement"], "unpinned", "{row}");
@@ -384,28 +417,32 @@ fn bench_pairs_report_every_pair() {
             assert!(num(row, "ratio") > 0.0, "{row}");
             assert!(row["worst_pair"].is_number(), "{row}");
         }
-        let (lat, write) = (&rows[0], &rows[1]);
-        assert_eq!(lat["test"], "send_lat");
-        // 100 round trips in 2 rounds, per pair.
-        assert_eq!(num(lat, "messages"), 200.0, "{lat}");
-        assert!(num(lat, "p99_us") >= num(lat, "median_us"), "{lat}");
-        assert!(
-            num(lat, "baseline_p99_us") >= num(lat, "baseline_value"),
-            "{lat}"
-        );
-        for pair in lat["per_pair"].as_array().unwrap() {
-            assert!(num(pair, "p99_us") >= num(pair, "median_us"), "{lat}");
-            assert!(num(pair, "baseline_p99_us") > 0.0, "{lat}");
+        for (i, path) in ["same-host", "wire"].into_iter().enumerate() {
+            let (lat, write) = (&rows[i], &rows[2 + i]);
+            assert_eq!(lat["test"], "send_lat");
+            assert_eq!(lat["path"], path, "{lat}");
+            // 100 round trips in 2 rounds, per pair.
+            assert_eq!(num(lat, "messages"), 200.0, "{lat}");
+            assert!(num(lat, "p99_us") >= num(lat, "median_us"), "{lat}");
+            assert!(
+                num(lat, "baseline_p99_us") >= num(lat, "baseline_value"),
+                "{lat}"
+            );
+            for pair in lat["per_pair"].as_array().unwrap() {
+                assert!(num(pair, "p99_us") >= num(pair, "median_us"), "{lat}");
+                assert!(num(pair, "baseline_p99_us") > 0.0, "{lat}");
+            }
+            assert_eq!(write["test"], "rdma_write");
+            assert_eq!(write["path"], path, "{write}");
+            let sum: f64 = write["per_pair"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| num(p, "gb_per_s"))
+                .sum();
+            assert!(num(write, "gb_per_s") > 0.0, "{write}");
+            assert!(num(write, "worst_pair") <= sum, "{write}");
         }
-        assert_eq!(write["test"], "rdma_write");
-        let sum: f64 = write["per_pair"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| num(p, "gb_per_s"))
-            .sum();
-        assert!(num(write, "gb_per_s") > 0.0, "{write}");
-        assert!(num(write, "worst_pair") <= sum, "{write}");
     }
 }
 
@@ -425,10 +462,11 @@ fn first_cpu() -> String {
 #[test]
 fn bench_pin_says_where_everything_ran() {
     let limit = std::time::Duration::from_secs(300);
-    let mut args = vec!["--pin", "--rounds", "1"];
+    let mut args = vec!["--pin", "--rounds", "1", "--no-memcpy"];
     args.extend(SMALL_LAT_AND_WRITE);
     let (rows, _) = bench_json(&args, limit);
-    assert_eq!(rows.len(), 2);
+    // Two tests over two paths.
+    assert_eq!(rows.len(), 4);
     for row in &rows {
         let placement = row["placement"].as_str().unwrap();
         assert!(
@@ -459,11 +497,14 @@ fn bench_pin_says_where_everything_ran() {
         limit,
     );
     let one = format!("client cpu {cpu}, server cpu {cpu}");
-    assert_eq!(rows[0]["placement"], format!("{one} (every pair)"));
-    assert!(rows[0].get("baseline_placement").is_none(), "no baseline");
-    for pair in rows[0]["per_pair"].as_array().unwrap() {
-        assert_eq!(pair["placement"], one.as_str());
-        assert_eq!(pair["messages"], 40, "{pair}");
+    assert_eq!(rows.len(), 2, "a row per path: {rows:?}");
+    for row in &rows {
+        assert_eq!(row["placement"], format!("{one} (every pair)"));
+        assert!(row.get("baseline_placement").is_none(), "no baseline");
+        for pair in row["per_pair"].as_array().unwrap() {
+            assert_eq!(pair["placement"], one.as_str());
+            assert_eq!(pair["messages"], 40, "{pair}");
+        }
     }
 }
 
@@ -486,15 +527,328 @@ fn bench_duration_runs_each_measurement_for_a_time() {
         ];
         args.extend(mode);
         let (rows, took) = bench_json(&args, std::time::Duration::from_secs(300));
-        assert_eq!(rows.len(), 4, "{rows:?}");
-        for row in &rows {
+        // Four tests over two paths, then the memcpy row of 4 KiB.
+        assert_eq!(rows.len(), 9, "{rows:?}");
+        let (memcpy, rows) = rows.split_last().unwrap();
+        for row in rows {
             assert!(num(row, "messages") > 0.0, "{row}");
             assert!(num(row, "baseline_messages") > 0.0, "{row}");
             assert!(num(row, "ratio") > 0.0, "{row}");
         }
-        // Four rows, each 0.6 s of ours and 0.6 s of its baseline.
-        assert!(took >= 4.0 * 2.0 * 0.6, "{mode:?} took only {took} s");
+        assert_eq!(memcpy["test"], "memcpy", "{memcpy}");
+        assert!(num(memcpy, "messages") > 0.0, "{memcpy}");
+        assert!(num(memcpy, "gb_per_s") > 0.0, "{memcpy}");
+        // Eight rows, each 0.6 s of ours and 0.6 s of its baseline, and
+        // 0.6 s of memcpy.
+        assert!(took >= 8.0 * 2.0 * 0.6 + 0.6, "{mode:?} took only {took} s");
     }
+}
+
+/// Whether QPs between two `rverbs bench` processes of this host take the
+/// same-host path in this build when nothing turns it off. False while the
+/// engine's handshake is a stand-in that refuses every peer (issue 18): the
+/// same-host rows then fall back to the wire, and say so in `path_used`.
+const SAME_HOST_PATH_TAKEN: bool = false;
+
+/// Whether this test's environment turns the same-host path off
+/// (`RVERBS_SAME_HOST=0`, which the bench and its servers inherit).
+fn same_host_off_here() -> bool {
+    std::env::var("RVERBS_SAME_HOST").is_ok_and(|v| v.trim() == "0")
+}
+
+/// The `path_used` of a row set up for `path`.
+fn expected_path_used(path: &str) -> &'static str {
+    if path == "same-host" && SAME_HOST_PATH_TAKEN && !same_host_off_here() {
+        "same-host"
+    } else {
+        "wire"
+    }
+}
+
+/// A counter of a device's counters as `RVERBS_BENCH_STATS` prints them
+/// (`NetStats { …, name: N, … }`).
+fn counter(stats: &str, name: &str) -> u64 {
+    let key = format!(" {name}: ");
+    let at = stats
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {stats}"))
+        + key.len();
+    stats[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{name} is no number in {stats}"))
+}
+
+/// A row's test, size and path (`-` for none), to compare row lists by.
+fn row_key(row: &serde_json::Value) -> (String, u64, String) {
+    (
+        row["test"].as_str().unwrap().to_string(),
+        row["size"].as_u64().unwrap(),
+        row["path"].as_str().unwrap_or("-").to_string(),
+    )
+}
+
+/// The row keys `(test, size, path)` as owned values.
+fn keys(list: &[(&str, u64, &str)]) -> Vec<(String, u64, String)> {
+    list.iter()
+        .map(|&(t, s, p)| (t.to_string(), s, p.to_string()))
+        .collect()
+}
+
+/// `--path` (default: both): every rverbs row is measured over the
+/// same-host path and over the wire, each against its own baseline. The
+/// wire's server really ran with the path off — its device counted its QP
+/// in `wire_qps_path_off`, the other server's and the client's did not, and
+/// the client found no same-host listener behind it — and the wire rows'
+/// QPs took the wire by the client's counters (`path_used`). A memcpy row
+/// per bandwidth size copied at a positive rate. The table says the same.
+#[test]
+fn bench_measures_every_row_over_each_path_and_memcpy() {
+    let args = [
+        "--tests",
+        "lat,write",
+        "--sizes",
+        "4096",
+        "--bytes",
+        "1048576",
+        "--iters",
+        "200",
+        "--rounds",
+        "1",
+    ];
+    let limit = std::time::Duration::from_secs(300);
+    let (rows, _, stderr) = bench_run(&args, &[("RVERBS_BENCH_STATS", "1")], limit);
+    assert_eq!(
+        rows.iter().map(row_key).collect::<Vec<_>>(),
+        keys(&[
+            ("send_lat", 8, "same-host"),
+            ("send_lat", 8, "wire"),
+            ("rdma_write", 4096, "same-host"),
+            ("rdma_write", 4096, "wire"),
+            ("memcpy", 4096, "-"),
+        ]),
+        "{rows:?}"
+    );
+    for row in &rows[..4] {
+        assert!(num(row, "messages") > 0.0, "{row}");
+        assert!(num(row, "baseline_messages") > 0.0, "{row}");
+        assert!(num(row, "ratio") > 0.0, "{row}");
+        let path = row["path"].as_str().unwrap();
+        assert_eq!(row["path_used"], expected_path_used(path), "{row}");
+    }
+    let memcpy = &rows[4];
+    assert!(num(memcpy, "gb_per_s") > 0.0, "{memcpy}");
+    // 1 MiB in 4 KiB copies, one round.
+    assert_eq!(num(memcpy, "messages"), 256.0, "{memcpy}");
+    for absent in ["path", "path_used", "ratio", "baseline", "baseline_value"] {
+        assert!(memcpy.get(absent).is_none(), "{absent}: {memcpy}");
+    }
+
+    let servers: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("server "))
+        .collect();
+    assert_eq!(servers.len(), 2, "a server per path: {stderr}");
+    let mut path_off: Vec<u64> = servers
+        .iter()
+        .map(|s| counter(s, "wire_qps_path_off"))
+        .collect();
+    path_off.sort_unstable();
+    let client = stderr
+        .lines()
+        .find(|l| l.starts_with("client "))
+        .unwrap_or_else(|| panic!("no client counters: {stderr}"));
+    if same_host_off_here() {
+        // Everything inherits RVERBS_SAME_HOST=0.
+        assert!(path_off[0] >= 1, "{stderr}");
+        assert!(counter(client, "wire_qps_path_off") >= 2, "{stderr}");
+    } else {
+        assert!(
+            path_off[0] == 0 && path_off[1] >= 1,
+            "only the wire's server turns the path off: {stderr}"
+        );
+        assert_eq!(
+            counter(client, "wire_qps_path_off"),
+            0,
+            "the client's own environment is left as it is: {stderr}"
+        );
+        assert!(
+            counter(client, "wire_qps_not_local") >= 1,
+            "the wire's server has no same-host listener: {stderr}"
+        );
+    }
+
+    let (ok, out, err) = rverbs(
+        &[
+            "bench",
+            "--tests",
+            "write",
+            "--sizes",
+            "4096",
+            "--bytes",
+            "262144",
+            "--rounds",
+            "1",
+            "--no-baseline",
+            "--quiet",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("paths measured: same-host, wire"), "{out}");
+    let row_of = |test: &str, path: &str| {
+        out.lines().any(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.first() == Some(&test) && cells.get(2) == Some(&path)
+        })
+    };
+    let fell_back = expected_path_used("same-host") != "same-host";
+    let same_host = if fell_back { "same-host*" } else { "same-host" };
+    assert!(row_of("rdma_write", same_host), "{out}");
+    assert!(row_of("rdma_write", "wire"), "{out}");
+    assert!(row_of("memcpy", "-"), "{out}");
+    assert_eq!(out.contains("took another path"), fell_back, "{out}");
+}
+
+/// `--pairs` with both paths and memcpy: every pair's client sets up both
+/// paths (the option reaches the workers), and the rows sum the pairs,
+/// the memcpy row too.
+#[test]
+fn bench_pairs_measure_each_path_and_memcpy() {
+    let args = [
+        "--pairs",
+        "2",
+        "--tests",
+        "write",
+        "--sizes",
+        "4096",
+        "--bytes",
+        "1048576",
+        "--rounds",
+        "1",
+        "--no-baseline",
+    ];
+    let (rows, _) = bench_json(&args, std::time::Duration::from_secs(300));
+    assert_eq!(
+        rows.iter().map(row_key).collect::<Vec<_>>(),
+        keys(&[
+            ("rdma_write", 4096, "same-host"),
+            ("rdma_write", 4096, "wire"),
+            ("memcpy", 4096, "-"),
+        ]),
+        "{rows:?}"
+    );
+    for row in &rows {
+        assert_eq!(row["pairs"], 2, "{row}");
+        if let Some(path) = row["path"].as_str() {
+            assert_eq!(row["path_used"], expected_path_used(path), "{row}");
+        }
+        let pairs = row["per_pair"].as_array().expect("per_pair");
+        assert_eq!(pairs.len(), 2, "{row}");
+        let mut sum = 0.0;
+        for pair in pairs {
+            assert_eq!(num(pair, "messages"), 256.0, "{row}");
+            assert!(num(pair, "gb_per_s") > 0.0, "{row}");
+            sum += num(pair, "gb_per_s");
+        }
+        // One round: the row's figure is the pairs' sum.
+        assert!((num(row, "gb_per_s") - sum).abs() <= 1e-9 * sum, "{row}");
+    }
+}
+
+/// Starts `rverbs bench --serve` with `RVERBS_SAME_HOST=0` and returns it
+/// and its HOST:PORT.
+fn wire_bench_server() -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rverbs"))
+        .args(["bench", "--serve", "127.0.0.1:0"])
+        .env_remove("RVERBS_CONFIG")
+        .env_remove("RVERBS_ADDR")
+        .env("RVERBS_SAME_HOST", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let port = first
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("bench server said {first:?}"))
+        .trim()
+        .to_string();
+    (child, format!("127.0.0.1:{port}"))
+}
+
+/// Waits for `child` to end, failing (after killing it) if it runs past
+/// `limit`; whether it ended well.
+fn ends_well(child: &mut std::process::Child, limit: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.success();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("a bench server did not end in {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// `--server`: an external server offers one path, the one its own
+/// environment chooses, and the rows are measured over that one; asking
+/// for another with `--path` is a clear error, and the server then ends
+/// cleanly.
+#[test]
+fn bench_server_measures_the_path_it_offers() {
+    let limit = std::time::Duration::from_secs(120);
+    let (mut server, addr) = wire_bench_server();
+    let (rows, _) = bench_json(
+        &[
+            "--server",
+            &addr,
+            "--tests",
+            "write",
+            "--sizes",
+            "4096",
+            "--bytes",
+            "262144",
+            "--rounds",
+            "1",
+            "--no-baseline",
+            "--no-memcpy",
+        ],
+        limit,
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["path"], "wire", "{rows:?}");
+    assert_eq!(rows[0]["path_used"], "wire", "{rows:?}");
+    assert!(ends_well(&mut server, limit));
+
+    let (mut server, addr) = wire_bench_server();
+    let (ok, out, err) = rverbs(
+        &[
+            "bench",
+            "--server",
+            &addr,
+            "--path",
+            "same-host",
+            "--tests",
+            "write",
+            "--sizes",
+            "4096",
+        ],
+        None,
+    );
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("offers the wire path") && err.contains("--path needs bench's own servers"),
+        "{err}"
+    );
+    assert!(ends_well(&mut server, limit));
 }
 
 /// Options that do not go together are refused by the parser, before
@@ -512,6 +866,8 @@ fn bench_bad_options_are_clear_errors() {
         &["--duration", "0"],
         &["--duration", "soon"],
         &["--pin", "--cpus", "zero"],
+        &["--path", "bogus"],
+        &["--path", "wire,"],
     ] {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
@@ -527,6 +883,21 @@ fn bench_bad_options_are_clear_errors() {
     let (ok, out, err) = rverbs(&["bench", "--pin", "--cpus", "100000"], None);
     assert!(!ok && out.is_empty());
     assert!(err.contains("may not run on CPU 100000"), "{err}");
+    // An external server offers one path: asking for two is refused before
+    // anything is reached.
+    let (ok, out, err) = rverbs(
+        &[
+            "bench",
+            "--server",
+            "127.0.0.1:9",
+            "--path",
+            "same-host,wire",
+        ],
+        None,
+    );
+    assert!(!ok && out.is_empty());
+    assert!(err.contains("needs bench's own servers"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 /// A pcap file (raw IP) of MADs from QP 1 to QP 1, each with its ICRC.

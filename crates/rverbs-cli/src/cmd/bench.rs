@@ -8,14 +8,22 @@
 //! The client drives; the server answers commands on a TCP control
 //! connection (one line each) and runs its side of every test.
 //!
+//! Every rverbs row is measured once per data path (`--path`): the
+//! same-host path, and the wire (UDP), each with its own server process —
+//! the wire's started with `RVERBS_SAME_HOST=0`, so its device has no
+//! same-host listener and the client's device falls back to the wire too.
+//! Each row says which path it asked for and which one the client device's
+//! counters say its QPs took. A memcpy row per bandwidth size shows what
+//! one thread copying through memory reaches: the limit on one host.
+//!
 //! With `--pairs N` the command starts N client processes (hidden
-//! `--pair-worker`s), each with its own server process, and starts every
-//! measured phase — ours or a baseline — in all pairs at once: each worker
-//! says `wait` on its stdout before a phase and begins it when the parent
-//! writes `go` to its stdin; at the end it prints `report` and its raw
-//! figures as JSON, which the parent adds up. `--pin` pins each client and
-//! server process to a CPU; `--duration` runs each measurement for a time
-//! instead of a number of bytes or round trips.
+//! `--pair-worker`s), each with its own server process per path, and
+//! starts every measured phase — ours or a baseline — in all pairs at once:
+//! each worker says `wait` on its stdout before a phase and begins it when
+//! the parent writes `go` to its stdin; at the end it prints `report` and
+//! its raw figures as JSON, which the parent adds up. `--pin` pins each
+//! client and server process to a CPU; `--duration` runs each measurement
+//! for a time instead of a number of bytes or round trips.
 
 use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -45,6 +53,84 @@ pub enum Test {
     Send,
     /// SEND ping-pong latency.
     Lat,
+}
+
+/// The data path a row's QPs are meant to take (`--path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataPath {
+    /// Between two devices of this host that agree on it: shared memory
+    /// and cross-memory attach instead of UDP datagrams.
+    SameHost,
+    /// UDP datagrams through the kernel, as between two hosts: the server
+    /// runs with `RVERBS_SAME_HOST=0`.
+    Wire,
+}
+
+impl DataPath {
+    /// The name `--path`, the table and the JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataPath::SameHost => "same-host",
+            DataPath::Wire => "wire",
+        }
+    }
+}
+
+/// The path a row's QPs took, from the client device's counters: how many
+/// of the QPs set up for the row's path were counted as same-host QPs
+/// (`local_qps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathUsed {
+    /// Every QP: the same-host path.
+    SameHost,
+    /// None: the wire.
+    Wire,
+    /// Some QPs (or some pairs) one way, some the other.
+    Mixed,
+}
+
+impl PathUsed {
+    /// From the QPs set up and how many of them the counters call local.
+    fn of(qps: u64, local: u64) -> PathUsed {
+        match local {
+            0 => PathUsed::Wire,
+            n if n >= qps => PathUsed::SameHost,
+            _ => PathUsed::Mixed,
+        }
+    }
+
+    /// Whether this is the path `path` asked for.
+    fn is(self, path: DataPath) -> bool {
+        matches!(
+            (self, path),
+            (PathUsed::SameHost, DataPath::SameHost) | (PathUsed::Wire, DataPath::Wire)
+        )
+    }
+
+    /// The name the table's footnote uses.
+    fn name(self) -> &'static str {
+        match self {
+            PathUsed::SameHost => "same-host",
+            PathUsed::Wire => "wire",
+            PathUsed::Mixed => "mixed",
+        }
+    }
+}
+
+/// The environment variable that turns the same-host path off in a process
+/// (`0`), as the rverbs engine reads it.
+const SAME_HOST_ENV: &str = "RVERBS_SAME_HOST";
+
+/// The path this process's device offers peers on this host: the wire if
+/// `RVERBS_SAME_HOST=0` (the engine then has no same-host listener), else
+/// the same-host path.
+fn path_in_environment() -> DataPath {
+    match std::env::var(SAME_HOST_ENV) {
+        Ok(v) if v.trim() == "0" => DataPath::Wire,
+        _ => DataPath::SameHost,
+    }
 }
 
 /// Options of `rverbs bench`.
@@ -101,8 +187,9 @@ pub struct BenchArgs {
     /// 2 × SECS).
     #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with_all = ["bytes", "iters"])]
     pub duration: Option<f64>,
-    /// Client/server process pairs to run at once, each pair two processes
-    /// with a device each; the baselines run as many pairs at once. Rows
+    /// Client/server process pairs to run at once, each pair a client and
+    /// a server per path, each process with a device; the baselines run as
+    /// many pairs at once. Rows
     /// then show the sum over the pairs (bandwidth) or all their samples
     /// pooled (latency), then each pair's own figures.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "server")]
@@ -126,6 +213,20 @@ pub struct BenchArgs {
     /// Skip the TCP and UDP baselines.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Data paths to measure every rverbs row over, comma-separated:
+    /// `same-host` (shared memory between the two processes' devices) and
+    /// `wire` (UDP; its server runs with RVERBS_SAME_HOST=0, which makes
+    /// the client's device use the wire to it too). Each path has its own
+    /// server process and its own baseline rounds. [default: same-host,wire]
+    /// Needs bench's own servers: with --server only the path that server
+    /// runs is measured, and --path may name only that one.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub path: Option<Vec<DataPath>>,
+    /// Skip the memcpy rows (one per bandwidth size: one thread of the
+    /// client copying that many bytes at a time between buffers larger
+    /// than the caches, the limit of a copy on this host).
+    #[arg(long)]
+    pub no_memcpy: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -164,6 +265,15 @@ pub struct Row {
     pub test: String,
     /// Message size in bytes.
     pub size: usize,
+    /// The data path the row's rverbs side was set up for (`same-host`,
+    /// `wire`); none for the memcpy rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<DataPath>,
+    /// The path the client device's counters say the row's QPs took
+    /// (`same-host`, `wire`, or `mixed`): a same-host row that fell back
+    /// to the wire says `wire` here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_used: Option<PathUsed>,
     /// Client/server pairs that ran at once.
     pub pairs: u32,
     /// Where rverbs' processes ran: `unpinned`, or the CPUs of the client
@@ -296,6 +406,10 @@ struct Round {
 struct PairRow {
     test: String,
     size: usize,
+    /// The path the rverbs side was set up for; none for memcpy.
+    path: Option<DataPath>,
+    /// What the client device's counters say its QPs took.
+    path_used: Option<PathUsed>,
     latency: bool,
     rounds: Vec<Round>,
     /// CPU time of both processes on our side, ns.
@@ -598,7 +712,20 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
     std::io::stdout().flush()?;
     let (mut control, _) = listener.accept()?;
     control.set_nodelay(true)?;
-    let setup = line(&mut control)?;
+    // Before the setup, a client may ask which path this server's device
+    // offers (a client of an external server labels its rows with it), and
+    // quit if it is not the one it wants.
+    let setup = loop {
+        let text = line(&mut control)?;
+        match text.as_str() {
+            "path" => send_line(
+                &mut control,
+                &format!("path {}", path_in_environment().name()),
+            )?,
+            "quit" => return Ok(()),
+            _ => break text,
+        }
+    };
     let f: Vec<&str> = setup.split_whitespace().collect();
     let (qps, mr_len, event) = match f.as_slice() {
         ["setup", q, m] => (q.parse()?, m.parse()?, false),
@@ -771,9 +898,13 @@ fn serve_echo(rig: &Rig, size: usize, count: Option<u64>, control: &mut TcpStrea
 
 // ---- client ---------------------------------------------------------------
 
+/// A server process of ours, or an external one, and the control
+/// connection to it.
 struct Server {
     child: Option<Child>,
     control: TcpStream,
+    /// Where it listens, HOST:PORT.
+    addr: String,
 }
 
 impl Drop for Server {
@@ -785,9 +916,11 @@ impl Drop for Server {
     }
 }
 
-/// Starts a server process (pinned to `cpu` if given), or reaches the one
-/// `--server` names.
-fn start_server(args: &BenchArgs, cpu: Option<usize>) -> Result<Server> {
+/// Starts a server process for `path` (pinned to `cpu` if given): for the
+/// wire with `RVERBS_SAME_HOST=0` in its environment, for the same-host
+/// path with this process's environment as it is. Or reaches the one
+/// `--server` names, whatever its path.
+fn start_server(args: &BenchArgs, path: DataPath, cpu: Option<usize>) -> Result<Server> {
     let (child, addr) = match &args.server {
         Some(addr) => (None, addr.clone()),
         None => {
@@ -796,6 +929,9 @@ fn start_server(args: &BenchArgs, cpu: Option<usize>) -> Result<Server> {
             cmd.args(["bench", "--serve", "127.0.0.1:0"]);
             if let Some(cpu) = cpu {
                 cmd.args(["--pin", "--cpus", &cpu.to_string()]);
+            }
+            if path == DataPath::Wire {
+                cmd.env(SAME_HOST_ENV, "0");
             }
             let mut child = cmd
                 .stdin(Stdio::null())
@@ -817,7 +953,25 @@ fn start_server(args: &BenchArgs, cpu: Option<usize>) -> Result<Server> {
     let control = TcpStream::connect(&addr)
         .with_context(|| format!("cannot reach the bench server at {addr}"))?;
     control.set_nodelay(true)?;
-    Ok(Server { child, control })
+    Ok(Server {
+        child,
+        control,
+        addr,
+    })
+}
+
+/// Asks a server, before its setup, which path its device offers peers on
+/// this host.
+fn ask_server_path(server: &mut Server) -> Result<DataPath> {
+    let addr = server.addr.clone();
+    let old = || format!("the bench server at {addr} does not say its path (older than --path?)");
+    send_line(&mut server.control, "path").with_context(old)?;
+    let reply = line(&mut server.control).with_context(old)?;
+    match reply.strip_prefix("path ") {
+        Some("same-host") => Ok(DataPath::SameHost),
+        Some("wire") => Ok(DataPath::Wire),
+        _ => bail!("the bench server at {addr} said {reply:?} for its path"),
+    }
 }
 
 /// A progress bar of `len` units, or with `None` (a measurement that runs
@@ -1207,8 +1361,91 @@ fn round_time(args: &BenchArgs) -> Option<Duration> {
         .map(|secs| Duration::from_secs_f64(secs / f64::from(args.rounds)))
 }
 
-/// One pair: pins its client (this process) and server to `place` if
-/// given, starts (or reaches) the server and runs every test, each phase
+/// The paths `--path` asks for, in its order, each once (default: both).
+fn wanted_paths(args: &BenchArgs) -> Vec<DataPath> {
+    let mut paths = Vec::new();
+    for &p in args
+        .path
+        .as_deref()
+        .unwrap_or(&[DataPath::SameHost, DataPath::Wire])
+    {
+        if !paths.contains(&p) {
+            paths.push(p);
+        }
+    }
+    paths
+}
+
+/// The same-host QPs the client's device has counted so far.
+fn local_qps_so_far() -> Result<u64> {
+    Ok(rverbs::devices()?
+        .first()
+        .map_or(0, |d| d.net_stats().local_qps))
+}
+
+/// One path of a pair: its server, the client's side connected to it, and
+/// the path its QPs took.
+struct PathRig {
+    path: DataPath,
+    used: PathUsed,
+    /// Dropped before the server, which is then told to quit.
+    rig: Rig,
+    server: Server,
+}
+
+/// Starts (or, with `--server`, reaches) the server of `path` and
+/// connects the client's QPs to it, reading the client device's counters
+/// around that to learn which path the QPs took. With `--server` the path
+/// is the one that server offers, which must be `path` if `--path` names
+/// one.
+fn connect_path(
+    args: &BenchArgs,
+    path: DataPath,
+    cpu: Option<usize>,
+    mr_len: usize,
+) -> Result<PathRig> {
+    let mut server = start_server(args, path, cpu)?;
+    let path = if args.server.is_some() {
+        let offered = ask_server_path(&mut server)?;
+        if let Some(&[asked]) = args.path.as_deref() {
+            if asked != offered {
+                let how = match offered {
+                    DataPath::Wire => "with",
+                    DataPath::SameHost => "without",
+                };
+                bail!(
+                    "the bench server at {} offers the {} path (it runs {how} \
+                     {SAME_HOST_ENV}=0), not --path {}: --path needs bench's own servers",
+                    server.addr,
+                    offered.name(),
+                    asked.name()
+                );
+            }
+        }
+        offered
+    } else {
+        path
+    };
+    let mode = if args.event { " event" } else { "" };
+    send_line(
+        &mut server.control,
+        &format!("setup {} {mr_len}{mode}", args.qps),
+    )?;
+    let before = local_qps_so_far()?;
+    let rig = rig(args.qps, mr_len, args.event, &mut server.control)?;
+    let local = local_qps_so_far()?.saturating_sub(before);
+    Ok(PathRig {
+        path,
+        used: PathUsed::of(u64::from(args.qps), local),
+        rig,
+        server,
+    })
+}
+
+/// One pair: pins its client (this process) and servers to `place` if
+/// given, starts (or reaches) a server per path and runs every test over
+/// each path in turn — row by row, so the paths' rows of a test and size
+/// are measured one after the other — then the memcpy rows; each phase
 /// started by `gate`.
 fn run_pair(
     args: &BenchArgs,
@@ -1226,26 +1463,36 @@ fn run_pair(
         .unwrap_or(4096)
         .max(args.lat_size)
         .max(4096);
-    let mut server = start_server(args, place.map(|(_, server)| server))?;
-    let mode = if args.event { " event" } else { "" };
-    send_line(
-        &mut server.control,
-        &format!("setup {} {max}{mode}", args.qps),
-    )?;
-    let rig = rig(args.qps, max, args.event, &mut server.control)?;
+    // An external server takes one client, and offers its own path.
+    let wanted = wanted_paths(args);
+    let count = if args.server.is_some() {
+        1
+    } else {
+        wanted.len()
+    };
+    let mut paths = Vec::new();
+    for &path in &wanted[..count] {
+        paths.push(connect_path(args, path, place.map(|(_, s)| s), max)?);
+    }
     let mut rows = Vec::new();
+    let mark = |mut row: PairRow, p: &PathRig| {
+        row.path = Some(p.path);
+        row.path_used = Some(p.used);
+        row
+    };
     for &test in &args.tests {
         if test == Test::Lat {
-            rows.push(latency_row(args, &rig, &mut server.control, gate)?);
+            for p in &mut paths {
+                let row = latency_row(args, &p.rig, &mut p.server.control, gate)?;
+                rows.push(mark(row, p));
+            }
         } else {
             for &size in &args.sizes {
-                rows.push(bandwidth_row(
-                    args,
-                    (test, size),
-                    &rig,
-                    &mut server.control,
-                    gate,
-                )?);
+                for p in &mut paths {
+                    let row =
+                        bandwidth_row(args, (test, size), &p.rig, &mut p.server.control, gate)?;
+                    rows.push(mark(row, p));
+                }
             }
         }
     }
@@ -1254,8 +1501,14 @@ fn run_pair(
             eprintln!("client {:?}", dev.net_stats());
         }
     }
-    drop(rig);
-    drop(server);
+    // The servers quit before the memcpy rows: nothing else runs then.
+    drop(paths);
+    if measures_memcpy(args) {
+        let set = memcpy_working_set();
+        for &size in &args.sizes {
+            rows.push(memcpy_row(args, size, set, gate)?);
+        }
+    }
     Ok(rows)
 }
 
@@ -1302,6 +1555,8 @@ fn latency_row(
     Ok(PairRow {
         test: "send_lat".into(),
         size,
+        path: None,
+        path_used: None,
         latency: true,
         rounds,
         cpu_ns: bill.ours.as_nanos() as u64,
@@ -1363,11 +1618,162 @@ fn bandwidth_row(
     Ok(PairRow {
         test: name.into(),
         size,
+        path: None,
+        path_used: None,
         latency: false,
         rounds,
         cpu_ns: bill.ours.as_nanos() as u64,
         baseline_cpu_ns: bill.baseline.as_nanos() as u64,
         resent: resent(control)?.saturating_sub(resent_before),
+    })
+}
+
+// ---- memcpy ---------------------------------------------------------------
+
+/// The least the memcpy rows copy over, source and destination together:
+/// more than the last-level cache of most machines, so the large sizes
+/// stream from memory as a transfer between two processes does.
+const MEMCPY_MIN_WORKING_SET: usize = 64 << 20;
+/// The most (a machine with a huge cache still gets a working set twice
+/// its cache, up to this).
+const MEMCPY_MAX_WORKING_SET: usize = 256 << 20;
+
+/// Whether the run has memcpy rows: on unless `--no-memcpy`, and only with
+/// a bandwidth test (their sizes are the bandwidth tests').
+fn measures_memcpy(args: &BenchArgs) -> bool {
+    !args.no_memcpy && args.tests.iter().any(|&t| t != Test::Lat)
+}
+
+/// Bytes the memcpy rows rotate over, source and destination together:
+/// twice the largest CPU cache sysfs reports, at least
+/// [`MEMCPY_MIN_WORKING_SET`] and at most [`MEMCPY_MAX_WORKING_SET`].
+fn memcpy_working_set() -> usize {
+    largest_cache()
+        .unwrap_or(0)
+        .saturating_mul(2)
+        .clamp(MEMCPY_MIN_WORKING_SET, MEMCPY_MAX_WORKING_SET)
+}
+
+/// The largest cache of CPU 0 (its last level), in bytes, from sysfs.
+fn largest_cache() -> Option<usize> {
+    std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache")
+        .ok()?
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("size")).ok())
+        .filter_map(|text| parse_cache_size(text.trim()))
+        .max()
+}
+
+/// A sysfs cache size: digits and an optional `K`, `M` or `G`.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let scale = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    number.parse::<usize>().ok()?.checked_mul(scale)
+}
+
+/// The buffers of a memcpy row: a source and a destination of `slots`
+/// slots of `size` bytes each; copy n goes from source slot n % slots to
+/// the same destination slot, so successive copies walk the whole working
+/// set and the large sizes miss the caches.
+struct CopyBuffers {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+    size: usize,
+    slots: usize,
+    /// The slot the next copy uses.
+    next: usize,
+}
+
+impl CopyBuffers {
+    /// Buffers for copies of `size` bytes over `working_set` bytes (at
+    /// least one slot each), every page written once so no copy meets a
+    /// page fault or the shared zero page.
+    fn new(size: usize, working_set: usize) -> CopyBuffers {
+        let slots = (working_set / 2 / size).max(1);
+        CopyBuffers {
+            src: vec![0x5a; slots * size],
+            dst: vec![0xa5; slots * size],
+            size,
+            slots,
+            next: 0,
+        }
+    }
+
+    /// Copies `size` bytes at a time for `span` (a number of copies, or a
+    /// time).
+    fn copy(&mut self, span: Span) -> Side {
+        let start = Instant::now();
+        let mut copies = 0u64;
+        while span.more(copies, start) {
+            let at = self.next * self.size..(self.next + 1) * self.size;
+            self.dst[at.clone()].copy_from_slice(&self.src[at.clone()]);
+            // The copy is observed, so it is made.
+            std::hint::black_box(&mut self.dst[at]);
+            self.next = (self.next + 1) % self.slots;
+            copies += 1;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        Side {
+            messages: copies,
+            bytes: copies * self.size as u64,
+            secs,
+            samples_ns: Vec::new(),
+        }
+    }
+}
+
+/// The memcpy row of one size: copies of `size` bytes between buffers of
+/// `working_set` bytes in all, in this thread, in rounds as the bandwidth
+/// rows (as many bytes or as long a time); no baseline.
+fn memcpy_row(
+    args: &BenchArgs,
+    size: usize,
+    working_set: usize,
+    gate: &mut Gate,
+) -> Result<PairRow> {
+    let span = round_time(args).map_or_else(
+        || Span::Count((args.bytes / u64::from(args.rounds) / size as u64).max(64)),
+        Span::Time,
+    );
+    let pb = bar(
+        args,
+        span.count()
+            .map(|c| c * size as u64 * u64::from(args.rounds)),
+        &format!("memcpy {size} B"),
+    );
+    let mut buffers = CopyBuffers::new(size, working_set);
+    let mut cpu = Duration::ZERO;
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        gate.go()?;
+        let before = cpu_time();
+        let ours = buffers.copy(span);
+        cpu += cpu_time().saturating_sub(before);
+        pb.inc(ours.bytes);
+        rounds.push(Round {
+            ours,
+            baseline: None,
+        });
+    }
+    pb.finish_and_clear();
+    Ok(PairRow {
+        test: "memcpy".into(),
+        size,
+        path: None,
+        path_used: None,
+        latency: false,
+        rounds,
+        cpu_ns: cpu.as_nanos() as u64,
+        baseline_cpu_ns: 0,
+        resent: 0,
     })
 }
 
@@ -1424,12 +1830,21 @@ fn run_pairs(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> Result<Vec<
             stdout: BufReader::new(stdout),
         });
     }
+    // Phases: every rverbs row's rounds, each with its baseline's, then
+    // the memcpy rows' rounds.
     let rows = args
         .tests
         .iter()
         .map(|&t| if t == Test::Lat { 1 } else { args.sizes.len() })
-        .sum::<usize>();
-    let phases = rows as u64 * u64::from(args.rounds) * if args.no_baseline { 1 } else { 2 };
+        .sum::<usize>()
+        * wanted_paths(args).len();
+    let memcpy_rows = if measures_memcpy(args) {
+        args.sizes.len()
+    } else {
+        0
+    };
+    let phases = (rows as u64 * if args.no_baseline { 1 } else { 2 } + memcpy_rows as u64)
+        * u64::from(args.rounds);
     let pb = bar(args, Some(phases), &format!("{} pairs", places.len()));
     loop {
         let mut said = Vec::new();
@@ -1517,7 +1932,6 @@ fn summarize(
     pairs: &[Vec<PairRow>],
 ) -> Result<Vec<Row>> {
     let placement = placement_text(places);
-    let baseline = !args.no_baseline;
     let first = pairs.first().ok_or_else(|| anyhow!("no pair reported"))?;
     let mut rows = Vec::new();
     for (r, head) in first.iter().enumerate() {
@@ -1527,12 +1941,25 @@ fn summarize(
             .collect::<Option<_>>()
             .ok_or_else(|| anyhow!("the pairs reported different rows"))?;
         let rounds = head.rounds.len();
-        if of
-            .iter()
-            .any(|p| p.rounds.len() != rounds || p.test != head.test || p.size != head.size)
-        {
+        if of.iter().any(|p| {
+            p.rounds.len() != rounds
+                || p.test != head.test
+                || p.size != head.size
+                || p.path != head.path
+        }) {
             bail!("the pairs reported different rows");
         }
+        // Whether this row ran a baseline (not with --no-baseline, nor for
+        // memcpy).
+        let baseline = head.rounds.iter().any(|r| r.baseline.is_some());
+        // Every pair's QPs took one path, or the row says `mixed`.
+        let path_used = head.path_used.map(|used| {
+            if of.iter().all(|p| p.path_used == Some(used)) {
+                used
+            } else {
+                PathUsed::Mixed
+            }
+        });
         let messages: u64 = of
             .iter()
             .flat_map(|p| &p.rounds)
@@ -1549,6 +1976,8 @@ fn summarize(
         let mut row = Row {
             test: head.test.clone(),
             size: head.size,
+            path: head.path,
+            path_used,
             pairs: of.len() as u32,
             placement: placement.clone(),
             baseline_placement: baseline.then(|| placement.clone()),
@@ -1621,6 +2050,7 @@ fn summarize(
             )
         } else {
             row.baseline = baseline.then(|| "tcp stream".into());
+            // (memcpy rows have none: `baseline` is false for them.)
             let bytes = |side: fn(&Round) -> Option<&Side>| {
                 of.iter()
                     .flat_map(|p| &p.rounds)
@@ -1728,6 +2158,20 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
     if args.qps == 0 || args.qd == 0 {
         bail!("--qps and --qd must be at least 1");
     }
+    if let Some(addr) = &args.server {
+        if wanted_paths(args).len() > 1 && args.path.is_some() {
+            bail!(
+                "--path {}: an external server (--server {addr}) offers one path, the one its \
+                 {SAME_HOST_ENV} chooses; measuring several needs bench's own servers (leave \
+                 out --server)",
+                wanted_paths(args)
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+        }
+    }
     let places = placements(args)?;
     let results = if args.pairs == 1 {
         vec![run_pair(args, places[0], &mut Gate::Alone)?]
@@ -1739,15 +2183,16 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
         serde_json::to_writer_pretty(&mut *out, &rows)?;
         writeln!(out)?;
     } else {
-        writeln!(out, "{}", setup_line(args, &places))?;
+        writeln!(out, "{}", setup_line(args, &places, &rows))?;
         print_table(&rows, out)?;
     }
     Ok(rows)
 }
 
-/// The table's first line: pairs, rounds, how long each runs, and where
-/// rverbs and the baselines ran.
-fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> String {
+/// The table's first lines: pairs, rounds, how long each runs, where
+/// rverbs and the baselines ran, the paths measured and the memcpy rows'
+/// working set.
+fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>], rows: &[Row]) -> String {
     let placement = placement_text(places);
     let pairs = match args.pairs {
         1 => "1 pair".to_string(),
@@ -1775,6 +2220,36 @@ fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> String {
     if !args.no_baseline {
         text += &format!("; baseline placement: {placement} (the same processes)");
     }
+    let mut paths: Vec<DataPath> = Vec::new();
+    for path in rows.iter().filter_map(|r| r.path) {
+        if !paths.contains(&path) {
+            paths.push(path);
+        }
+    }
+    let mut second = Vec::new();
+    if !paths.is_empty() {
+        let names: Vec<&str> = paths.iter().map(|p| p.name()).collect();
+        let how = match (&args.server, paths.as_slice()) {
+            (Some(addr), _) => format!("the path the server at {addr} offers"),
+            (None, [DataPath::Wire]) => format!("its server with {SAME_HOST_ENV}=0"),
+            (None, [_]) => "its own server".to_string(),
+            (None, _) => format!("a server each; the wire's with {SAME_HOST_ENV}=0"),
+        };
+        second.push(format!(
+            "path{} measured: {} ({how})",
+            if paths.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        ));
+    }
+    if rows.iter().any(|r| r.test == "memcpy") {
+        second.push(format!(
+            "memcpy: one thread of the client, over {} MiB (source and destination)",
+            memcpy_working_set() >> 20
+        ));
+    }
+    if !second.is_empty() {
+        text += &format!("\n       {}", second.join("; "));
+    }
     if args.pairs > 1 {
         text += "\n       rows: GB/s and Mmsg/s summed over the pairs, latency over every \
                  pair's samples; then each pair's own";
@@ -1782,11 +2257,21 @@ fn setup_line(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> String {
     text
 }
 
+/// The path cell of a row: the path asked for, starred if the counters say
+/// its QPs took another; `-` for memcpy.
+fn path_cell(row: &Row) -> String {
+    match (row.path, row.path_used) {
+        (Some(path), Some(used)) if !used.is(path) => format!("{}*", path.name()),
+        (Some(path), _) => path.name().to_string(),
+        (None, _) => "-".to_string(),
+    }
+}
+
 fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
-    let line = |out: &mut dyn Write, cells: [&str; 13]| -> Result<()> {
+    let line = |out: &mut dyn Write, cells: [&str; 14]| -> Result<()> {
         writeln!(
             out,
-            "{:<11} {:>9} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>9} {:>7} {:>6} {:>7} {:>10}",
+            "{:<11} {:>9} {:<10} {:>10} {:>10} {:>11} {:>9}   {:<14} {:>10} {:>9} {:>7} {:>6} {:>7} {:>10}",
             cells[0],
             cells[1],
             cells[2],
@@ -1800,6 +2285,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
             cells[10],
             cells[11],
             cells[12],
+            cells[13],
         )?;
         Ok(())
     };
@@ -1808,6 +2294,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
         [
             "test",
             "size",
+            "path",
             "GB/s",
             "Mmsg/s",
             "median µs",
@@ -1849,6 +2336,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
             [
                 &r.test,
                 &r.size.to_string(),
+                &path_cell(r),
                 &gb,
                 &mmsg,
                 &median,
@@ -1870,6 +2358,7 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
                 [
                     &format!("  pair {}", p.pair),
                     "",
+                    "",
                     &gb,
                     &mmsg,
                     &median,
@@ -1884,6 +2373,24 @@ fn print_table(rows: &[Row], out: &mut impl Write) -> Result<()> {
                 ],
             )?;
         }
+    }
+    // Rows whose QPs did not take the path they were set up for.
+    let mut astray: Vec<String> = Vec::new();
+    for r in rows {
+        if let (Some(path), Some(used)) = (r.path, r.path_used) {
+            let text = format!("{} rows: {}", path.name(), used.name());
+            if !used.is(path) && !astray.contains(&text) {
+                astray.push(text);
+            }
+        }
+    }
+    if !astray.is_empty() {
+        writeln!(
+            out,
+            "* the client device's counters say these QPs took another path ({}): \
+             see `rverbs counters` (wire_qps_*) and RVERBS_LOG=debug for why",
+            astray.join("; ")
+        )?;
     }
     Ok(())
 }
