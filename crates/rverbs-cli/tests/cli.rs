@@ -548,7 +548,7 @@ fn bench_duration_runs_each_measurement_for_a_time() {
 /// same-host path in this build when nothing turns it off. False while the
 /// engine's handshake is a stand-in that refuses every peer (issue 18): the
 /// same-host rows then fall back to the wire, and say so in `path_used`.
-const SAME_HOST_PATH_TAKEN: bool = false;
+const SAME_HOST_PATH_TAKEN: bool = true;
 
 /// Whether this test's environment turns the same-host path off
 /// (`RVERBS_SAME_HOST=0`, which the bench and its servers inherit).
