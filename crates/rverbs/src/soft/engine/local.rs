@@ -37,6 +37,17 @@ use crate::soft::local::LinkSetup;
 use crate::soft::memory::{MrCore, MrTable, WindowBytes};
 use crate::soft::transport::PayloadRef;
 
+/// Payload bytes per packet of an RC/UC QP whose peer is reached through a
+/// same-host link (fixed when it enters RTR): a 64 KiB WRITE is one packet,
+/// where the wire takes sixteen at a 4 KiB MTU.
+pub(super) const LOCAL_SEGMENT: u32 = 64 << 10;
+/// Most packets of `LOCAL_SEGMENT` bytes a same-host QP keeps in flight:
+/// a quarter of a ring, so a few QPs share one without filling it.
+pub(super) const LOCAL_WINDOW: u32 = (DEFAULT_RING_BYTES / 4 / LOCAL_SEGMENT as usize) as u32;
+/// Bytes of a ring record before the packet: the segment size its sender
+/// cuts requests into (0: the path MTU), and 4 reserved.
+const RECORD_PREFIX: usize = 8;
+
 /// How long a connecting handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a refusal stands before a QP to that address asks again.
@@ -127,10 +138,22 @@ impl Link {
     /// longer checks (its MR was deregistered since the packet was built:
     /// lost, as on the wire, and the retransmission fails the WR) or the
     /// ring is full.
-    pub(super) fn push(&mut self, mem: &MrTable, pkt: &[u8], refs: &[PayloadRef]) -> bool {
+    /// `segment`: the payload bytes per packet the sending QP cuts its
+    /// requests into, when not the path MTU (the receiver checks packet
+    /// sizes against it, and cuts READ responses so).
+    pub(super) fn push(
+        &mut self,
+        mem: &MrTable,
+        pkt: &[u8],
+        refs: &[PayloadRef],
+        segment: Option<u32>,
+    ) -> bool {
+        let mut prefix = [0u8; RECORD_PREFIX];
+        prefix[..4].copy_from_slice(&segment.unwrap_or(0).to_le_bytes());
         if refs.is_empty() {
-            self.pushed |= self.tx.push_pieces(&[pkt]);
-            return self.pushed;
+            let pushed = self.tx.push_pieces(&[&prefix, pkt]);
+            self.pushed |= pushed;
+            return pushed;
         }
         let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
         for r in refs {
@@ -150,7 +173,9 @@ impl Link {
                 Err(_) => return false,
             }
         }
-        let pushed = self.tx.push(pkt.len(), |body| {
+        let pushed = self.tx.push(RECORD_PREFIX + pkt.len(), |record| {
+            let (head, body) = record.split_at_mut(RECORD_PREFIX);
+            head.copy_from_slice(&prefix);
             let mut pos = 0;
             for (r, w) in refs.iter().zip(&windows) {
                 let at = r.at as usize;
@@ -170,9 +195,21 @@ impl Link {
         pushed
     }
 
-    /// The next record from the peer, in place (see `Consumer::peek`).
-    pub(super) fn next_record(&mut self) -> Option<&[u8]> {
-        self.rx.peek()
+    /// The next packet from the peer, in place (see `Consumer::peek`),
+    /// with the segment size its sender cuts requests into (`None`: the
+    /// path MTU). A record too short for its prefix is skipped.
+    pub(super) fn next_record(&mut self) -> Option<(Option<u32>, &[u8])> {
+        loop {
+            let short = self.rx.peek()?.len() < RECORD_PREFIX;
+            if !short {
+                break;
+            }
+            self.rx.consume();
+        }
+        let record = self.rx.peek()?;
+        let (prefix, pkt) = record.split_at(RECORD_PREFIX);
+        let segment = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        Some(((segment != 0).then_some(segment), pkt))
     }
 
     /// Done with the record [`next_record`](Self::next_record) gave.
@@ -251,20 +288,21 @@ impl Engine {
     /// Makes sure a link to the device at `peer` exists if it can: called
     /// (without the lock) when a QP is given that peer. What happened is
     /// counted for the QP: a same-host QP, or the wire and why.
-    pub(super) fn ensure_link(&self, peer: IpAddr) {
+    /// Whether the QP now has a link to its peer.
+    pub(super) fn ensure_link(&self, peer: IpAddr) -> bool {
         let local = self.local_addr.ip();
         if peer == local || peer.is_multicast() || peer.is_unspecified() {
-            return;
+            return false;
         }
         if !enabled() {
             let _ = self.locked(|st| st.stats.wire_qps_path_off += 1);
-            return;
+            return false;
         }
         let known = self.locked(|st| {
             st.links.prune_dead();
             if st.links.to(peer).is_some() {
                 st.stats.local_qps += 1;
-                return true;
+                return Some(true);
             }
             let now = Instant::now();
             st.links
@@ -272,18 +310,22 @@ impl Engine {
                 .retain(|(_, at)| now.saturating_duration_since(*at) < REFUSAL_STANDS);
             if st.links.refused.iter().any(|(a, _)| *a == peer) {
                 st.stats.wire_qps_not_local += 1;
-                return true;
+                return Some(false);
             }
-            false
+            None
         });
-        if known.unwrap_or(true) {
-            return;
+        match known {
+            Ok(Some(linked)) => return linked,
+            Ok(None) => {}
+            Err(_) => return false,
         }
         match handshake::connect(local, peer, DEFAULT_RING_BYTES, HANDSHAKE_TIMEOUT) {
             Ok(setup) => {
-                if self.install_link(setup) {
+                let linked = self.install_link(setup);
+                if linked {
                     let _ = self.locked(|st| st.stats.local_qps += 1);
                 }
+                linked
             }
             Err(refusal) => {
                 tracing::debug!(
@@ -298,6 +340,7 @@ impl Engine {
                         _ => st.stats.wire_qps_refused += 1,
                     }
                 });
+                false
             }
         }
     }

@@ -664,12 +664,23 @@ impl Engine {
         // A peer on this host may be reached through shared memory: the
         // link is made (or found) before the QP first sends to it.
         let rc_or_uc = matches!(change.config, TransportConfig::Rc(_));
-        if rc_or_uc
-            && ((change.from == QpState::Init && change.to == QpState::Rtr) || change.sets_av)
-        {
-            self.ensure_link(change.peer.ip());
-        }
-        self.with_slot(AckPolicy::Now, qpn, |slot| slot.apply(change))
+        let to_rtr = change.from == QpState::Init && change.to == QpState::Rtr;
+        let linked = rc_or_uc && (to_rtr || change.sets_av) && self.ensure_link(change.peer.ip());
+        self.with_slot(AckPolicy::Now, qpn, |slot| {
+            let applied = slot.apply(change);
+            // A QP entering RTR with its peer on this host cuts its
+            // messages into same-host segments from its first post on.
+            if let (true, slot::Transport::Rc(rc)) =
+                (to_rtr && applied.is_ok(), &mut slot.transport)
+            {
+                if linked {
+                    rc.set_segment(Some(local::LOCAL_SEGMENT), local::LOCAL_WINDOW);
+                } else {
+                    rc.set_segment(None, 0);
+                }
+            }
+            applied
+        })
     }
 
     /// Queues send WRs on QP `qpn` in order and transmits at once on the

@@ -151,13 +151,13 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver) -> (bool, bool) 
     'links: for link in &mut links {
         let peer = link.peer_endpoint();
         while taken < LOCAL_RX_BUDGET {
-            let Some(pkt) = link.next_record() else {
+            let Some((segment, pkt)) = link.next_record() else {
                 continue 'links;
             };
             taken += 1;
             st.stats.rx_packets += 1;
             st.stats.local_rx_packets += 1;
-            let completed = dispatch(st, mem, Instant::now(), local, peer, pkt);
+            let completed = dispatch(st, mem, Instant::now(), (local, peer), pkt, segment);
             link.consume();
             if completed && driver == Driver::Poller {
                 stop = true;
@@ -252,7 +252,7 @@ fn handle_datagram(
         Some(IdSource::Solved) => st.stats.rx_ip_id_solved += 1,
         Some(IdSource::Expected) => {}
     }
-    dispatch(st, mem, now, local, peer, pkt)
+    dispatch(st, mem, now, (local, peer), pkt, None)
 }
 
 /// Parses one received packet (its ICRC checked, or from a same-host
@@ -262,9 +262,9 @@ fn dispatch(
     st: &mut State,
     mem: &MrTable,
     now: Instant,
-    local: SocketAddr,
-    peer: SocketAddr,
+    (local, peer): (SocketAddr, SocketAddr),
     pkt: &[u8],
+    segment: Option<u32>,
 ) -> bool {
     let Ok(p) = PacketRepr::parse(pkt) else {
         st.stats.rx_malformed += 1;
@@ -288,7 +288,7 @@ fn dispatch(
         // RESET: no transport yet.
         Transport::Reset => (Err(RxDrop::NotReceiving), false),
         Transport::Rc(rc) => {
-            let handled = rc.handle_packet(&p, now, mem);
+            let handled = rc.handle_packet(&p, now, mem, segment);
             (handled, rc.has_events())
         }
         Transport::Ud(ud) => {

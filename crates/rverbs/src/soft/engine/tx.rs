@@ -446,15 +446,21 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         let mut out_of_budget = false;
         let peer = slot.peer;
         let link = peer.and_then(|p| links.to(p.ip()));
+        // A QP that cuts same-host segments whose link is gone (its peer's
+        // device with it) has nowhere to send them: lost, as to a dead peer.
+        let orphan = link.is_none()
+            && matches!(&slot.transport, Transport::Rc(rc) if rc.segment() as usize + 128 > MAX_PACKET);
         if let (Transport::Rc(rc), Some(link)) = (&mut slot.transport, link) {
             // A peer on this host: each packet into the link's ring.
+            let room = rc.segment().max(rc.mtu()) as usize + 128;
+            let segment = (rc.segment() != rc.mtu()).then(|| rc.segment());
             let mut budget = FLUSH_BUDGET;
             loop {
                 if budget == 0 {
                     out_of_budget = true;
                     break;
                 }
-                if !link.has_room(MAX_PACKET) {
+                if !link.has_room(room + 16) {
                     // The peer has not caught up: the rest waits for the
                     // next pass (nothing is built that would be lost).
                     stats.local_ring_full += 1;
@@ -464,18 +470,31 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 budget -= 1;
                 refs.clear();
                 let mut buf = TxBuffer {
-                    bytes: &mut tx[..MAX_PACKET],
+                    bytes: &mut tx[..room],
                     refs: Some(&mut refs),
                 };
                 let Some(n) = rc.poll_transmit(now, mem, &mut buf, acks) else {
                     break;
                 };
-                if link.push(mem, &tx[..n], &refs) {
+                if link.push(mem, &tx[..n], &refs, segment) {
                     stats.tx_packets += 1;
                     stats.local_tx_packets += 1;
                 } else {
                     stats.tx_errors += 1;
                 }
+            }
+        } else if let (true, Transport::Rc(rc)) = (orphan, &mut slot.transport) {
+            let room = rc.segment() as usize + 128;
+            for _ in 0..FLUSH_BUDGET {
+                refs.clear();
+                let mut buf = TxBuffer {
+                    bytes: &mut tx[..room],
+                    refs: Some(&mut refs),
+                };
+                if rc.poll_transmit(now, mem, &mut buf, acks).is_none() {
+                    break;
+                }
+                stats.tx_errors += 1;
             }
         } else if let (Transport::Rc(rc), Some(peer)) = (&mut slot.transport, peer) {
             let mut out = Sender {
@@ -583,7 +602,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                     break;
                 };
                 if let Some(link) = links.to(ip) {
-                    if link.push(mem, &tx[..n], &[]) {
+                    if link.push(mem, &tx[..n], &[], None) {
                         stats.tx_packets += 1;
                         stats.local_tx_packets += 1;
                     } else {

@@ -301,7 +301,7 @@ impl RcQp {
             self.counters.read_responses_out_of_place += 1;
             return;
         }
-        let mtu = self.cfg.mtu;
+        let mtu = self.segment();
         let offset = head.read_next * mtu;
         let want = mtu.min(head.wqe.length - offset.min(head.wqe.length));
         if pkt.payload.len() != want as usize {

@@ -192,6 +192,16 @@ pub(crate) struct RcQp {
     heard_from_peer: bool,
     /// Completions and async events for the engine, in order.
     events: VecDeque<QpEvent>,
+    /// The payload bytes per request packet this QP cuts messages into,
+    /// when not the path MTU: a QP whose peer is on this host (the
+    /// same-host path) sends much larger packets, fixed when it enters
+    /// RTR (PSNs are counted in them from the first post on).
+    segment: Option<u32>,
+    /// With `segment`: the most packets in flight (its window's cap).
+    segment_window: u32,
+    /// The segment size of the peer's requests in the packet being handled
+    /// (the path MTU unless a same-host packet says otherwise).
+    rx_segment: u32,
 }
 
 impl RcQp {
@@ -213,7 +223,25 @@ impl RcQp {
             counters: RcCounters::default(),
             heard_from_peer: false,
             events: VecDeque::new(),
+            segment: None,
+            segment_window: WINDOW,
+            rx_segment: 0,
         }
+    }
+
+    /// Cuts this QP's messages into packets of `bytes` of payload instead
+    /// of the path MTU (`None`: the MTU again), with at most `window` of
+    /// them in flight. For a QP whose packets go through a same-host ring;
+    /// set before it first posts (entering RTR).
+    pub(crate) fn set_segment(&mut self, bytes: Option<u32>, window: u32) {
+        self.segment = bytes;
+        self.segment_window = window.max(1);
+    }
+
+    /// Payload bytes per packet this QP's messages are cut into: the path
+    /// MTU, or the same-host segment.
+    pub(crate) fn segment(&self) -> u32 {
+        self.segment.unwrap_or(self.cfg.mtu)
     }
 
     /// Mutable configuration, for attributes modify_qp may change in place
@@ -263,7 +291,10 @@ impl RcQp {
     }
 
     /// RTR → RTS: the requester starts at `cfg.sq_psn`.
-    pub(crate) fn enter_rts(&mut self, cfg: RcConfig) {
+    pub(crate) fn enter_rts(&mut self, mut cfg: RcConfig) {
+        if self.segment.is_some() {
+            cfg.max_window = cfg.max_window.min(self.segment_window);
+        }
         self.req.enter_rts(&cfg);
         self.comp.enter_rts(&cfg);
         self.cfg = cfg;
@@ -347,13 +378,17 @@ impl RcQp {
     // ---- receive ----------------------------------------------------------
 
     /// Handles a packet for this QP (already ICRC-checked and parsed); why
-    /// it was dropped unread, if it was.
+    /// it was dropped unread, if it was. `segment`: for a packet from a
+    /// same-host ring, the payload bytes per packet its sender cuts its
+    /// requests into (`None`: the path MTU, as on the wire).
     pub(crate) fn handle_packet(
         &mut self,
         pkt: &PacketRepr<'_>,
         now: Instant,
         mem: &dyn Memory,
+        segment: Option<u32>,
     ) -> Result<(), RxDrop> {
+        self.rx_segment = segment.unwrap_or(self.cfg.mtu);
         let Some(info) = pkt.info() else {
             return Err(RxDrop::WrongTransport);
         };

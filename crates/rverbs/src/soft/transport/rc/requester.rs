@@ -320,7 +320,7 @@ impl RcQp {
             WrOpcode::AtomicCmpAndSwp { .. }
             | WrOpcode::AtomicFetchAndAdd { .. }
             | WrOpcode::AtomicWrite { .. } => 1,
-            _ => packets_for(length, self.cfg.mtu),
+            _ => packets_for(length, self.segment()),
         }
     }
 
@@ -551,7 +551,7 @@ impl RcQp {
         mem: &dyn Memory,
         tx: &mut TxBuffer<'_>,
     ) -> Transmit {
-        let mtu = self.cfg.mtu;
+        let mtu = self.segment();
         let e = &self.req.sq[idx];
         // In SQD no WR that has not started may start.
         if self.state == QpState::Sqd && !e.started {

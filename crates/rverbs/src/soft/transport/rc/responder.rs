@@ -115,6 +115,9 @@ enum Response {
         msn: u32,
         /// An answer to a duplicate, not the READ's first.
         replay: bool,
+        /// Payload bytes per response packet: the requester's segment
+        /// size, which it counted the READ's PSNs in.
+        segment: u32,
     },
     Atomic {
         psn: Psn,
@@ -346,9 +349,10 @@ impl RcQp {
                 va: req_va,
                 len,
                 msn,
+                segment,
                 ..
             } => {
-                let mtu = self.cfg.mtu;
+                let mtu = segment;
                 let pos = position(k, npkts);
                 let offset = k * mtu;
                 let plen = mtu.min(len - offset.min(len));
@@ -520,7 +524,7 @@ impl RcQp {
         if !in_order {
             return Err(Refusal::InvalidRequest);
         }
-        let mtu = self.cfg.mtu as usize;
+        let mtu = self.rx_segment as usize;
         let plen = pkt.payload.len();
         let size_ok = match pos {
             Position::First | Position::Middle => plen == mtu,
@@ -663,7 +667,7 @@ impl RcQp {
                 };
                 let target = check_remote(mem, &reth, pd, qpn, AccessKind::RemoteRead)?;
                 self.free_rd_atomic_resource()?;
-                let npkts = packets_for(reth.dma_len, self.cfg.mtu);
+                let npkts = packets_for(reth.dma_len, self.rx_segment);
                 self.resp.resources.push_back(Resource::Read {
                     first_psn: psn,
                     npkts,
@@ -682,6 +686,7 @@ impl RcQp {
                     len: reth.dma_len,
                     msn: self.resp.msn,
                     replay: false,
+                    segment: self.rx_segment,
                 });
                 self.resp.epsn = psn.add(npkts);
                 return Ok(());
@@ -797,7 +802,7 @@ impl RcQp {
             Operation::AtomicWrite => self.queue_ack(self.resp.epsn.sub(1)),
             Operation::RdmaReadRequest => {
                 let Some(reth) = pkt.reth else { return };
-                let mtu = self.cfg.mtu;
+                let mtu = self.rx_segment;
                 let saved = self.resp.resources.iter().find_map(|r| match *r {
                     Resource::Read {
                         first_psn,
@@ -846,6 +851,7 @@ impl RcQp {
                     len: reth.dma_len,
                     msn: self.resp.msn,
                     replay: true,
+                    segment: mtu,
                 });
             }
             Operation::CompareSwap | Operation::FetchAdd => {
