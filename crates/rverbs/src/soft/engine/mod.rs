@@ -918,6 +918,7 @@ enum Driver {
 /// and resent what the peer had acknowledged.
 fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     let before = st.stats.rx_recvs;
+    let ring_before = st.stats.local_rx_packets;
     // A poller about to park receives nothing: its sleep ends at once if
     // packets wait. Its pass does not count as reading the socket dry, so
     // only timers overdue by `TIMER_DEFER` run in it (an earlier pass may
@@ -963,8 +964,10 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     let acks = match driver {
         Driver::Poller => AckPolicy::Hold,
         // While a stream arrives, ACKs coalesce; once it pauses (a pass
-        // that received nothing), every held ACK goes at once.
-        Driver::Engine if received => AckPolicy::Hold,
+        // that received nothing), every held ACK goes at once. Not for
+        // packets from same-host rings alone: there an ACK costs no system
+        // call, and one held back stalls a sender whose window it would open.
+        Driver::Engine if received && !from_rings_only(st, before, ring_before) => AckPolicy::Hold,
         Driver::Engine | Driver::Parking => {
             let mut held = std::mem::take(&mut st.held_acks);
             for &qpn in &held {
@@ -979,6 +982,12 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
         }
     };
     tx::flush(st, mem, now, acks);
+}
+
+/// Whether a pass that began with these counters received only from
+/// same-host rings (one receive counted for them, none from the socket).
+fn from_rings_only(st: &State, recvs_before: u64, ring_before: u64) -> bool {
+    st.stats.local_rx_packets != ring_before && st.stats.rx_recvs - recvs_before == 1
 }
 
 /// Panics if a test armed a panic `here`: in the middle of a pass (the

@@ -40,7 +40,7 @@ use nix::sys::stat::fstat;
 use nix::unistd::ftruncate;
 
 /// Bytes of each ring's data area unless the device says otherwise.
-pub(crate) const DEFAULT_RING_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_RING_BYTES: usize = 16 << 20;
 /// The smallest ring: room for a few of the largest packets.
 const MIN_RING_BYTES: usize = 64 << 10;
 /// The largest ring (each of the two).
