@@ -277,6 +277,11 @@ pub(crate) enum AccessError {
         /// Its length.
         len: u64,
     },
+    /// A same-host peer's payload could not be read from its memory
+    /// (`process_vm_readv` failed: the peer died, or freed the memory it
+    /// sends from).
+    #[error("the same-host peer's payload could not be read ({0})")]
+    PeerMemory(nix::errno::Errno),
 }
 
 /// The mutable part of an MR: replaced by re-registration.
@@ -429,6 +434,12 @@ pub(crate) struct ForeignBytes<'a> {
 }
 
 impl ForeignBytes<'_> {
+    /// The address of its first byte in this process (for a same-host
+    /// peer's cross-memory attach, which reads it as a DMA read would).
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
     /// Length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -460,6 +471,15 @@ fn copy_out(ptr: *const u8, len: usize, dst: &mut [u8]) -> usize {
     // could overlap `dst`; `ptr::copy` allows that.
     unsafe { std::ptr::copy(ptr, dst.as_mut_ptr(), n) };
     n
+}
+
+impl WriteWindow<'_> {
+    /// Fills the window through `fill`, given its start and length: for a
+    /// copy made by the kernel (cross-memory attach from a same-host peer),
+    /// which writes the MR's bytes as a DMA write would.
+    pub(crate) fn fill_raw<R>(&mut self, fill: impl FnOnce(*mut u8, usize) -> R) -> R {
+        fill(self.ptr, self.len)
+    }
 }
 
 impl<'a> ReadWindow<'a> {

@@ -4,6 +4,7 @@
 use std::io;
 use std::os::fd::AsRawFd;
 
+use nix::errno::Errno;
 use nix::libc;
 
 fn set_int_opt(
@@ -257,4 +258,63 @@ pub(crate) fn set_multicast_if_v6(fd: &impl AsRawFd, ifindex: u32) -> io::Result
         libc::IPV6_MULTICAST_IF,
         ifindex as libc::c_int,
     )
+}
+
+/// Most I/O vector entries one `process_vm_readv` takes (`IOV_MAX`).
+const CMA_MAX_IOV: usize = 1024;
+
+/// Copies `len` bytes to `dst` (in this process) from the stretches
+/// `remote` (address, length; in order, `len` bytes in all) of process
+/// `pid`'s memory, with cross-memory attach (`process_vm_readv(2)`): one
+/// copy, made by the kernel. A short copy (the peer unmapped part of it)
+/// is EFAULT.
+///
+/// # Safety
+/// `dst..dst+len` must be memory of this process that may be written
+/// (registered memory behind its MR's write lock), not aliased by a Rust
+/// reference meanwhile.
+pub(crate) unsafe fn read_from_process(
+    pid: i32,
+    dst: *mut u8,
+    len: usize,
+    remote: &[(u64, u64)],
+) -> Result<(), Errno> {
+    let mut done = 0usize;
+    let mut at = 0usize;
+    while done < len {
+        let mut iov: smallvec::SmallVec<[libc::iovec; 8]> = smallvec::SmallVec::new();
+        let mut want = 0usize;
+        while at < remote.len() && iov.len() < CMA_MAX_IOV && done + want < len {
+            let (addr, n) = remote[at];
+            let n = (n as usize).min(len - done - want);
+            iov.push(libc::iovec {
+                iov_base: addr as *mut libc::c_void,
+                iov_len: n,
+            });
+            want += n;
+            at += 1;
+        }
+        if want == 0 {
+            return Err(Errno::EFAULT);
+        }
+        let local = libc::iovec {
+            // SAFETY (of the pointer arithmetic): `done < len`, inside `dst`.
+            iov_base: unsafe { dst.add(done) }.cast(),
+            iov_len: want,
+        };
+        // SAFETY: `local` is within `dst..dst+len`, which the caller lends us
+        // to write; the remote vector only names another process's memory,
+        // which the kernel checks (a bad address is EFAULT, not ours).
+        let n = unsafe {
+            libc::process_vm_readv(pid, &local, 1, iov.as_ptr(), iov.len() as libc::c_ulong, 0)
+        };
+        if n < 0 {
+            return Err(Errno::last());
+        }
+        if n as usize != want {
+            return Err(Errno::EFAULT);
+        }
+        done += want;
+    }
+    Ok(())
 }

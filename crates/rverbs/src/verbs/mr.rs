@@ -336,6 +336,11 @@ impl MemoryRegion {
             st.key = dev.mrs.rekey(&self.core, st.key);
         }
         drop(st);
+        if old.is_some() {
+            // What same-host peers still copy from the old memory is copied
+            // before it goes back (see `release`).
+            dev.engine.await_peer_copies(PEER_COPY_LIMIT);
+        }
         if let Some(pd) = req.pd {
             pd.core.users.add();
             self.pd.users.remove();
@@ -428,6 +433,12 @@ impl MemoryRegion {
         let mut st = self.core.write();
         self.pd.ctx.device.mrs.remove(st.key);
         st.valid = false;
+        drop(st);
+        // Same-host peers copy payloads straight from registered memory:
+        // those already sent are copied before the memory goes back (an
+        // owned buffer to the caller, foreign memory to its registrant).
+        self.pd.ctx.device.engine.await_peer_copies(PEER_COPY_LIMIT);
+        let mut st = self.core.write();
         let region = std::mem::replace(&mut st.region, Region::empty());
         drop(st);
         self.pd.users.remove();
@@ -438,6 +449,10 @@ impl MemoryRegion {
         region.into_owned().map(MrBuffer::from)
     }
 }
+
+/// Longest deregistration waits for same-host peers to copy what was sent
+/// from the MR (see `Engine::await_peer_copies`).
+const PEER_COPY_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn check_translation(verb: Verb, pd: &PdCore, addr: u64, len: usize, iova: u64) -> Result<()> {
     let max = pd.ctx.device.attr.max_mr_size;

@@ -34,8 +34,14 @@ use super::{peer_endpoint, Engine, State};
 use crate::soft::local::handshake::{self, LocalListener, Refusal};
 use crate::soft::local::ring::{Consumer, Producer, RingPair, RingWatch, DEFAULT_RING_BYTES};
 use crate::soft::local::LinkSetup;
-use crate::soft::memory::{MrCore, MrTable, WindowBytes};
+use crate::soft::memory::{
+    AccessError, AccessKind, MrCore, MrTable, MwError, Resolved, WindowBytes,
+};
+use crate::soft::sys;
 use crate::soft::transport::PayloadRef;
+use crate::soft::transport::{AtomicOp, Memory};
+use crate::wr::MwBindInfo;
+use std::ops::Range;
 
 /// Payload bytes per packet of an RC/UC QP whose peer is reached through a
 /// same-host link (fixed when it enters RTR): a 64 KiB WRITE is one packet,
@@ -45,8 +51,80 @@ pub(super) const LOCAL_SEGMENT: u32 = 64 << 10;
 /// a quarter of a ring, so a few QPs share one without filling it.
 pub(super) const LOCAL_WINDOW: u32 = (DEFAULT_RING_BYTES / 4 / LOCAL_SEGMENT as usize) as u32;
 /// Bytes of a ring record before the packet: the segment size its sender
-/// cuts requests into (0: the path MTU), and 4 reserved.
+/// cuts requests into (0: the path MTU), flags, and the number of payload
+/// stretches a cross-memory-attach record lists after the packet.
 const RECORD_PREFIX: usize = 8;
+/// The record's payload stays in the sender's memory (see [`CMA_MIN`]).
+const FLAG_CMA: u16 = 1;
+/// Bytes of one payload stretch in such a record: its address and length.
+const IOV_ENTRY: usize = 16;
+/// Payloads at least this long go by cross-memory attach when the link has
+/// it: the receiver, after its own checks, copies them straight from the
+/// sender's registered memory into its own with `process_vm_readv` (one
+/// copy, where the ring takes two); shorter ones are copied into the ring,
+/// which costs less than the system call.
+const CMA_MIN: usize = 16 << 10;
+
+/// A packet taken from a ring.
+pub(super) struct RingPacket<'a> {
+    /// The packet (for a cross-memory-attach one, its payload bytes are
+    /// not there: see `remote`).
+    pub(super) pkt: &'a [u8],
+    /// The segment size its sender cuts requests into (`None`: the MTU).
+    pub(super) segment: Option<u32>,
+    /// Where its payload lies in the sender's memory, if it is left there.
+    pub(super) remote: Option<RemotePayload>,
+}
+
+/// A payload left in a same-host peer's memory.
+pub(crate) struct RemotePayload {
+    /// The peer's process.
+    pub(crate) pid: i32,
+    /// Its stretches (address, length), in order.
+    pub(crate) iovs: SmallVec<[(u64, u64); 4]>,
+}
+
+impl RemotePayload {
+    /// Bytes in all.
+    pub(crate) fn len(&self) -> u64 {
+        self.iovs.iter().map(|&(_, n)| n).sum()
+    }
+}
+
+impl<'a> RingPacket<'a> {
+    fn parse(record: &'a [u8], pid: u32) -> Option<RingPacket<'a>> {
+        let (prefix, rest) = record.split_at_checked(RECORD_PREFIX)?;
+        let segment = u32::from_le_bytes(prefix[..4].try_into().ok()?);
+        let flags = u16::from_le_bytes(prefix[4..6].try_into().ok()?);
+        let niov = usize::from(u16::from_le_bytes(prefix[6..8].try_into().ok()?));
+        let segment = (segment != 0).then_some(segment);
+        if flags & FLAG_CMA == 0 {
+            return Some(RingPacket {
+                pkt: rest,
+                segment,
+                remote: None,
+            });
+        }
+        let pkt_len = rest.len().checked_sub(niov * IOV_ENTRY)?;
+        let (pkt, tail) = rest.split_at(pkt_len);
+        let iovs = tail
+            .chunks_exact(IOV_ENTRY)
+            .map(|e| {
+                let addr = u64::from_le_bytes(e[..8].try_into().unwrap_or_default());
+                let len = u64::from_le_bytes(e[8..].try_into().unwrap_or_default());
+                (addr, len)
+            })
+            .collect();
+        Some(RingPacket {
+            pkt,
+            segment,
+            remote: Some(RemotePayload {
+                pid: i32::try_from(pid).ok()?,
+                iovs,
+            }),
+        })
+    }
+}
 
 /// How long a connecting handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -60,6 +138,13 @@ pub(crate) fn enabled() -> bool {
     std::env::var("RVERBS_SAME_HOST").map_or(true, |v| v.trim() != "0")
 }
 
+/// Whether payloads may go by cross-memory attach: `RVERBS_SAME_HOST_CMA=0`
+/// keeps every payload in the ring (two copies), as where a container's
+/// seccomp profile refuses `process_vm_readv` — to measure that fallback.
+fn cma_enabled() -> bool {
+    std::env::var("RVERBS_SAME_HOST_CMA").map_or(true, |v| v.trim() != "0")
+}
+
 /// A link to a device of this host.
 pub(super) struct Link {
     /// The peer device's address.
@@ -68,6 +153,10 @@ pub(super) struct Link {
     rx: Consumer,
     /// Records were pushed since the doorbell was last considered.
     pushed: bool,
+    /// Cross-memory attach works both ways (see [`CMA_MIN`]).
+    cma: bool,
+    /// The peer's process.
+    peer_pid: u32,
     /// The handshake's connection: end-of-file once the peer is gone.
     conn: OwnedFd,
 }
@@ -173,6 +262,39 @@ impl Link {
                 Err(_) => return false,
             }
         }
+        let payload: usize = refs.iter().map(|r| r.len as usize).sum();
+        if self.cma && payload >= CMA_MIN {
+            // The peer copies the payload itself, straight from our
+            // registered memory into its own (one copy): the record holds
+            // the headers and where the payload lies.
+            prefix[4..6].copy_from_slice(&FLAG_CMA.to_le_bytes());
+            prefix[6..8].copy_from_slice(&(refs.len() as u16).to_le_bytes());
+            let len = RECORD_PREFIX + pkt.len() + IOV_ENTRY * refs.len();
+            let pushed = self.tx.push(len, |record| {
+                let (head, rest) = record.split_at_mut(RECORD_PREFIX);
+                head.copy_from_slice(&prefix);
+                let (body, iovs) = rest.split_at_mut(pkt.len());
+                let mut pos = 0;
+                for ((r, w), entry) in refs
+                    .iter()
+                    .zip(&windows)
+                    .zip(iovs.chunks_exact_mut(IOV_ENTRY))
+                {
+                    let at = r.at as usize;
+                    body[pos..at].copy_from_slice(&pkt[pos..at]);
+                    let addr = match w {
+                        WindowBytes::Owned(bytes) => bytes.as_ptr() as u64,
+                        WindowBytes::Foreign(bytes) => bytes.addr(),
+                    };
+                    entry[..8].copy_from_slice(&addr.to_le_bytes());
+                    entry[8..].copy_from_slice(&u64::from(r.len).to_le_bytes());
+                    pos = at + r.len as usize;
+                }
+                body[pos..].copy_from_slice(&pkt[pos..]);
+            });
+            self.pushed |= pushed;
+            return pushed;
+        }
         let pushed = self.tx.push(RECORD_PREFIX + pkt.len(), |record| {
             let (head, body) = record.split_at_mut(RECORD_PREFIX);
             head.copy_from_slice(&prefix);
@@ -197,19 +319,17 @@ impl Link {
 
     /// The next packet from the peer, in place (see `Consumer::peek`),
     /// with the segment size its sender cuts requests into (`None`: the
-    /// path MTU). A record too short for its prefix is skipped.
-    pub(super) fn next_record(&mut self) -> Option<(Option<u32>, &[u8])> {
+    /// path MTU) and, for a payload the peer left in its own memory, where
+    /// it lies there. A record that does not parse is skipped.
+    pub(super) fn next_record(&mut self) -> Option<RingPacket<'_>> {
         loop {
-            let short = self.rx.peek()?.len() < RECORD_PREFIX;
-            if !short {
+            let ok = RingPacket::parse(self.rx.peek()?, self.peer_pid).is_some();
+            if ok {
                 break;
             }
             self.rx.consume();
         }
-        let record = self.rx.peek()?;
-        let (prefix, pkt) = record.split_at(RECORD_PREFIX);
-        let segment = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
-        Some(((segment != 0).then_some(segment), pkt))
+        RingPacket::parse(self.rx.peek()?, self.peer_pid)
     }
 
     /// Done with the record [`next_record`](Self::next_record) gave.
@@ -271,6 +391,38 @@ impl Engine {
                 local = %self.local_addr,
                 "no same-host listener ({e}): peers on this host use the wire"
             ),
+        }
+    }
+
+    /// Waits until every same-host peer has taken the packets sent to it
+    /// so far (at most `limit`): those whose payloads it copies from this
+    /// process's registered memory (cross-memory attach) have then been
+    /// copied. Deregistration waits for this before the memory goes back to
+    /// its owner, so a peer never reads memory that is no longer an MR. A
+    /// peer that does not keep up within `limit` (stopped, or dying) is
+    /// waited for no longer; one whose device is gone reads nothing more.
+    pub(crate) fn await_peer_copies(&self, limit: Duration) {
+        let mut pending = Vec::new();
+        let _ = self.locked(|st| {
+            for link in st.links.list.iter().filter(|l| l.cma) {
+                pending.push(link.tx.progress());
+            }
+        });
+        if pending.is_empty() {
+            return;
+        }
+        let until = Instant::now() + limit;
+        while pending.iter().any(|(p, head)| p.consumed() < *head) {
+            if Instant::now() >= until {
+                tracing::warn!(
+                    local = %self.local_addr,
+                    "a same-host peer did not take its packets within {limit:?}; \
+                     deregistering anyway"
+                );
+                return;
+            }
+            // The peer may be waiting for its doorbell's packets to be seen.
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 
@@ -367,6 +519,8 @@ impl Engine {
                     tx: rings.tx,
                     rx: rings.rx,
                     pushed: false,
+                    cma: setup.cma && cma_enabled(),
+                    peer_pid: setup.peer_pid,
                     conn: setup.conn,
                 };
                 st.links.list.insert(0, link);
@@ -382,5 +536,129 @@ impl Engine {
         let _ = self.waker.write(1);
         self.bell.wake();
         installed
+    }
+}
+
+/// Registered memory as the transport sees it while it handles a same-host
+/// packet whose payload stayed in the sender's memory: every check and
+/// access as the MR table's, except that a write of (part of) that payload
+/// — the transport writes `pkt.payload`'s bytes where they belong, after
+/// its checks — is made by the kernel straight from the sender's memory
+/// into the MR (`process_vm_readv`), the only copy. The packet's payload
+/// bytes in the ring (`hole`) are never read.
+pub(super) struct PulledPayload<'a> {
+    pub(super) mem: &'a MrTable,
+    /// Addresses of the packet's payload in the ring record.
+    pub(super) hole: Range<usize>,
+    pub(super) remote: &'a RemotePayload,
+}
+
+impl PulledPayload<'_> {
+    /// The stretches of the sender's memory that hold payload bytes
+    /// `[off, off + len)`.
+    fn stretches(&self, mut off: u64, mut len: u64) -> SmallVec<[(u64, u64); 4]> {
+        let mut out = SmallVec::new();
+        for &(addr, n) in &self.remote.iovs {
+            if len == 0 {
+                break;
+            }
+            if off >= n {
+                off -= n;
+                continue;
+            }
+            let take = (n - off).min(len);
+            out.push((addr.wrapping_add(off), take));
+            len -= take;
+            off = 0;
+        }
+        out
+    }
+}
+
+impl Memory for PulledPayload<'_> {
+    fn check(
+        &self,
+        key: u32,
+        va: u64,
+        len: u64,
+        pd: u64,
+        kind: AccessKind,
+    ) -> Result<(), AccessError> {
+        Memory::check(self.mem, key, va, len, pd, kind)
+    }
+
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        dst: &mut [u8],
+    ) -> Result<(), AccessError> {
+        Memory::read(self.mem, key, va, pd, kind, dst)
+    }
+
+    fn write(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        src: &[u8],
+    ) -> Result<(), AccessError> {
+        let at = src.as_ptr() as usize;
+        if src.is_empty() || !self.hole.contains(&at) || at + src.len() > self.hole.end {
+            return Memory::write(self.mem, key, va, pd, kind, src);
+        }
+        let stretches = self.stretches((at - self.hole.start) as u64, src.len() as u64);
+        let pid = self.remote.pid;
+        self.mem
+            .write(key, va, src.len(), kind, Some(pd), |mut w| {
+                w.fill_raw(|dst, len| {
+                    // SAFETY: `dst..dst+len` is the checked window into the
+                    // MR, behind its write lock (no Rust reference to it
+                    // meanwhile); the kernel copies the sender's bytes in.
+                    unsafe { sys::read_from_process(pid, dst, len, &stretches) }
+                })
+            })?
+            .map_err(AccessError::PeerMemory)
+    }
+
+    fn atomic(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError> {
+        Memory::atomic(self.mem, key, va, pd, kind, op)
+    }
+
+    fn resolve_remote(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        kind: AccessKind,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<Resolved, AccessError> {
+        Memory::resolve_remote(self.mem, rkey, va, len, kind, pd, qpn)
+    }
+
+    fn bind_mw(
+        &self,
+        mw_rkey: u32,
+        rkey: u32,
+        info: &MwBindInfo,
+        pd: u64,
+        qpn: u32,
+    ) -> Result<u32, MwError> {
+        Memory::bind_mw(self.mem, mw_rkey, rkey, info, pd, qpn)
+    }
+
+    fn invalidate(&self, rkey: u32, pd: u64, qpn: Option<u32>) -> Result<(), MwError> {
+        Memory::invalidate(self.mem, rkey, pd, qpn)
     }
 }

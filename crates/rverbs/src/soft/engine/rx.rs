@@ -15,12 +15,13 @@ use rverbs_wire::packet::ICRC_LEN;
 use rverbs_wire::PacketRepr;
 
 use super::gsi::{self, GSI_QPN};
+use super::local::{PulledPayload, RemotePayload};
 use super::slot::Transport;
 use super::{
     mark_dirty, multicast, Driver, State, MAX_BATCH_SEGMENTS, RX_BUDGET, RX_BUFFER, RX_PASS_TIME,
 };
 use crate::soft::memory::MrTable;
-use crate::soft::transport::RxDrop;
+use crate::soft::transport::{Memory, RxDrop};
 
 /// Room for the control messages a receive asks for (the GRO segment
 /// size), aligned as `struct cmsghdr` wants; on the stack, so a busy poll
@@ -151,13 +152,19 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver) -> (bool, bool) 
     'links: for link in &mut links {
         let peer = link.peer_endpoint();
         while taken < LOCAL_RX_BUDGET {
-            let Some((segment, pkt)) = link.next_record() else {
+            let Some(rp) = link.next_record() else {
                 continue 'links;
             };
             taken += 1;
             st.stats.rx_packets += 1;
             st.stats.local_rx_packets += 1;
-            let completed = dispatch(st, mem, Instant::now(), (local, peer), pkt, segment);
+            let completed = match rp.remote {
+                None => dispatch(st, mem, Instant::now(), (local, peer), rp.pkt, rp.segment),
+                Some(remote) => {
+                    st.stats.local_rx_pulled += 1;
+                    dispatch_pulled(st, mem, (local, peer), rp.pkt, rp.segment, &remote)
+                }
+            };
             link.consume();
             if completed && driver == Driver::Poller {
                 stop = true;
@@ -255,6 +262,34 @@ fn handle_datagram(
     dispatch(st, mem, now, (local, peer), pkt, None)
 }
 
+/// Dispatches a same-host packet whose payload is still in the sender's
+/// memory: the transport's checks run as for any packet, and its writes of
+/// that payload into registered memory become copies straight from the
+/// sender's (see [`PulledPayload`]).
+fn dispatch_pulled(
+    st: &mut State,
+    mem: &MrTable,
+    (local, peer): (SocketAddr, SocketAddr),
+    pkt: &[u8],
+    segment: Option<u32>,
+    remote: &RemotePayload,
+) -> bool {
+    let Ok(p) = PacketRepr::parse(pkt) else {
+        st.stats.rx_malformed += 1;
+        return false;
+    };
+    if p.payload.len() as u64 != remote.len() {
+        st.stats.rx_malformed += 1;
+        return false;
+    }
+    let pulled = PulledPayload {
+        mem,
+        hole: p.payload.as_ptr() as usize..p.payload.as_ptr() as usize + p.payload.len(),
+        remote,
+    };
+    deliver(st, &pulled, Instant::now(), (local, peer), &p, segment)
+}
+
 /// Parses one received packet (its ICRC checked, or from a same-host
 /// ring, which has none to check) and hands it to its QP's transport.
 /// Whether its QP now has completions or events to report.
@@ -270,9 +305,22 @@ fn dispatch(
         st.stats.rx_malformed += 1;
         return false;
     };
+    deliver(st, mem, now, (local, peer), &p, segment)
+}
+
+/// Hands a parsed packet to its QP's transport (or QP 1's MAD port).
+/// Whether its QP now has completions or events to report.
+fn deliver(
+    st: &mut State,
+    mem: &dyn Memory,
+    now: Instant,
+    (local, peer): (SocketAddr, SocketAddr),
+    p: &PacketRepr<'_>,
+    segment: Option<u32>,
+) -> bool {
     let qpn = p.bth.dest_qp;
     if qpn == GSI_QPN {
-        gsi::receive(st, peer, &p);
+        gsi::receive(st, peer, p);
         return false;
     }
     let Some(slot) = st.qps.get_mut(&qpn) else {
@@ -288,11 +336,11 @@ fn dispatch(
         // RESET: no transport yet.
         Transport::Reset => (Err(RxDrop::NotReceiving), false),
         Transport::Rc(rc) => {
-            let handled = rc.handle_packet(&p, now, mem, segment);
+            let handled = rc.handle_packet(p, now, mem, segment);
             (handled, rc.has_events())
         }
         Transport::Ud(ud) => {
-            let handled = ud.handle_packet(&p, mem, peer.ip(), local.ip());
+            let handled = ud.handle_packet(p, mem, peer.ip(), local.ip());
             (handled, ud.has_events())
         }
     };

@@ -176,6 +176,9 @@ counters_struct! {
         pub local_tx_packets: u64,
         /// Packets taken from same-host rings (counted in `rx_packets` too).
         pub local_rx_packets: u64,
+        /// Of those, packets whose payload the receiver copied straight from
+        /// the sender's memory (cross-memory attach).
+        pub local_rx_pulled: u64,
         /// Times a ring was full when a QP had packets to send (it waits).
         pub local_ring_full: u64,
         /// Doorbells sent to peers whose threads slept.

@@ -618,6 +618,7 @@ fn accept_link(conn: OwnedFd, own: IpAddr, stopping: &AtomicBool) -> Result<Link
 /// A device's handshake socket and the thread (`rverbs-local`) that
 /// accepts links on it. Dropping it stops the thread and frees the name.
 pub(crate) struct LocalListener {
+    #[cfg_attr(not(test), allow(dead_code))]
     addr: IpAddr,
     socket: Arc<OwnedFd>,
     stopping: Arc<AtomicBool>,
@@ -663,6 +664,7 @@ impl LocalListener {
     }
 
     /// The address of the device it listens for.
+    #[cfg(test)]
     pub(crate) fn addr(&self) -> IpAddr {
         self.addr
     }

@@ -363,9 +363,16 @@ impl Producer {
         self.control().sleepers.0.load(Ordering::SeqCst) > 0
     }
 
-    /// Bytes published and not yet consumed.
-    pub(crate) fn pending(&self) -> u64 {
-        self.head - self.control().tail.0.load(Ordering::Acquire)
+    /// How far the consumer has got, to be watched without this end (see
+    /// [`RingProgress::consumed`]), and where this end's records end now.
+    pub(crate) fn progress(&self) -> (RingProgress, u64) {
+        (
+            RingProgress {
+                map: Arc::clone(&self.map),
+                ring: self.ring,
+            },
+            self.head,
+        )
     }
 }
 
@@ -393,11 +400,6 @@ impl Consumer {
     pub(crate) fn is_empty(&self) -> bool {
         self.map.broken.load(Ordering::Relaxed)
             || self.control().head.0.load(Ordering::SeqCst) == self.tail
-    }
-
-    /// Whether a bad record broke the ring (it delivers nothing more).
-    pub(crate) fn is_broken(&self) -> bool {
-        self.map.broken.load(Ordering::Relaxed)
     }
 
     /// The next record's bytes, in place, or `None` if none waits. It stays
@@ -467,6 +469,20 @@ impl Consumer {
             map: Arc::clone(&self.map),
             ring: self.ring,
         }
+    }
+}
+
+/// A producer's view of how far its consumer has got.
+pub(crate) struct RingProgress {
+    map: Arc<Mapping>,
+    ring: usize,
+}
+
+impl RingProgress {
+    /// Bytes the consumer is done with (compare with a producer's head
+    /// from [`Producer::progress`]).
+    pub(crate) fn consumed(&self) -> u64 {
+        self.map.control(self.ring).tail.0.load(Ordering::Acquire)
     }
 }
 
@@ -544,7 +560,8 @@ mod tests {
         }
         assert_eq!(got, sent);
         assert!(b.rx.is_empty());
-        assert_eq!(a.tx.pending(), 0);
+        let (progress, head) = a.tx.progress();
+        assert_eq!(progress.consumed(), head, "all consumed");
     }
 
     #[test]
@@ -580,7 +597,7 @@ mod tests {
         // The peer scribbles a huge length over the record's header.
         a.tx.write_header(0, u32::MAX - 3, KIND_PACKET);
         assert_eq!(b.rx.peek(), None);
-        assert!(b.rx.is_broken());
+        assert!(b.rx.map.broken.load(Ordering::Relaxed));
         assert!(b.rx.is_empty());
     }
 
