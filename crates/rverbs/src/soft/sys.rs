@@ -1,5 +1,8 @@
-//! The socket calls std and nix do not wrap (or wrap with an allocation
-//! per call). With `memory.rs`, the only `unsafe` of the device.
+//! The system calls std and nix do not wrap (or wrap with an allocation
+//! per call): socket options, `ppoll` on raw descriptors, `sendmmsg`, and
+//! `process_vm_readv` into registered memory for the same-host path. With
+//! `memory.rs` and `local/` (the shared rings, descriptors passed over a
+//! UNIX socket), the only `unsafe` of the device.
 
 use std::io;
 use std::os::fd::AsRawFd;
