@@ -852,6 +852,7 @@ fn a_killed_peer_fails_the_qp_and_its_successor_links_anew() {
     let mut want = vec![(100, WcStatus::RetryExcErr)];
     want.extend((101..108).map(|k| (k, WcStatus::WrFlushErr)));
     assert_eq!(statuses, want, "after {:?}", killed_at.elapsed());
+    eprintln!("RETRY_EXC_ERR {:?} after the kill", killed_at.elapsed());
     assert_eq!(me.qp.state(), QpState::Err);
     drop(first);
 
