@@ -6,6 +6,11 @@
 //! and scapy's RoCE layer and tshark's dissector must agree with the
 //! decoder packet by packet (tshark on the DETH of UD packets too).
 //!
+//! Every rverbs process here runs with `RVERBS_SAME_HOST=0`: two devices of
+//! one host would otherwise agree on the same-host path, and their packets
+//! would go through shared memory, never onto lo (a capture would hold
+//! nothing but the doorbells that wake a sleeping peer).
+//!
 //! Needs root and tcpdump, python3-scapy and tshark (scripts/test installs
 //! them); without them the test is skipped, unless `CI` is set: then it
 //! fails.
@@ -23,6 +28,14 @@ mod common;
 use common::{free_port, have, have_scapy, have_tool, is_root, listening, PYTHON};
 
 const RVERBS: &str = env!("CARGO_BIN_EXE_rverbs");
+
+/// `rverbs` with the same-host path off (`RVERBS_SAME_HOST=0`), so its
+/// traffic goes on the wire, where the capture sees it.
+fn rverbs_on_the_wire() -> Command {
+    let mut cmd = Command::new(RVERBS);
+    cmd.env("RVERBS_SAME_HOST", "0");
+    cmd
+}
 
 /// A fresh directory, removed on drop — also when the test fails.
 struct TempDir(PathBuf);
@@ -130,7 +143,7 @@ fn start_tcpdump(file: &Path, a: Ipv4Addr, b: Ipv4Addr) -> (Stopped, BufReader<C
 /// `a`, with output and errors in `dir`.
 fn run_bench(dir: &Path, a: Ipv4Addr, b: Ipv4Addr) {
     let mut server = Stopped {
-        child: Command::new(RVERBS)
+        child: rverbs_on_the_wire()
             .args(["bench", "--serve", "127.0.0.1:0"])
             .env("RVERBS_ADDR", b.to_string())
             .stdout(Stdio::piped())
@@ -154,7 +167,7 @@ fn run_bench(dir: &Path, a: Ipv4Addr, b: Ipv4Addr) {
         .trim()
         .to_string();
     let mut client = Stopped {
-        child: Command::new(RVERBS)
+        child: rverbs_on_the_wire()
             .args(["bench", "--server", &format!("127.0.0.1:{port}")])
             // Posting lists puts several messages' packets in one GSO
             // datagram and several datagrams in one sendmmsg.
@@ -216,7 +229,7 @@ fn run_pingpong(dir: &Path, a: Ipv4Addr, b: Ipv4Addr, run: (&[&str], usize, usiz
     let args = [options, &["-s", &size, "-n", &iters, "-p", &port]].concat();
     let log = |name: &str| dir.join(format!("pingpong-{name}"));
     let side = |addr: Ipv4Addr, name: &str, host: &[&str]| Stopped {
-        child: Command::new(RVERBS)
+        child: rverbs_on_the_wire()
             .arg("pingpong")
             .args(&args)
             .args(host)
