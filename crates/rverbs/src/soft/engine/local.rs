@@ -126,6 +126,13 @@ impl<'a> RingPacket<'a> {
     }
 }
 
+/// How long a retransmission timer put off for packets still in a ring
+/// waits before it looks again (see [`Links::peer_behind`]).
+pub(super) const RING_LATE_RECHECK: Duration = Duration::from_millis(1);
+/// How long a ring's reader may take nothing while packets wait before the
+/// transport's timers count them lost after all (a peer stopped, not dead).
+const RING_STALL_LIMIT: Duration = Duration::from_secs(2);
+
 /// How long a connecting handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a refusal stands before a QP to that address asks again.
@@ -157,6 +164,8 @@ pub(super) struct Link {
     cma: bool,
     /// The peer's process.
     peer_pid: u32,
+    /// How far the peer had read, and when that was first seen.
+    reader_seen: Option<(u64, Instant)>,
     /// The handshake's connection: end-of-file once the peer is gone.
     conn: OwnedFd,
 }
@@ -175,18 +184,35 @@ impl Links {
         self.list.iter_mut().find(|l| l.peer == peer)
     }
 
+    /// Whether packets sent to the device at `peer` still wait in the
+    /// link's ring, read by a peer that is alive and has read something
+    /// within [`RING_STALL_LIMIT`]: then they are not lost, and a due
+    /// retransmission timer is put off (a slow reader — a debug build, a
+    /// busy core — would otherwise have them resent while they wait).
+    pub(super) fn peer_behind(&mut self, peer: IpAddr, now: Instant) -> bool {
+        let Some(link) = self.to(peer) else {
+            return false;
+        };
+        let (progress, head) = link.tx.progress();
+        let consumed = progress.consumed();
+        if consumed >= head || link.peer_gone() {
+            return false;
+        }
+        match link.reader_seen {
+            Some((at, when)) if at == consumed => {
+                now.saturating_duration_since(when) < RING_STALL_LIMIT
+            }
+            _ => {
+                link.reader_seen = Some((consumed, now));
+                true
+            }
+        }
+    }
+
     /// Drops links whose peer is gone (its handshake connection reads
     /// end-of-file): a new device may have taken its address.
     pub(super) fn prune_dead(&mut self) {
-        self.list.retain(|l| {
-            let mut b = [0u8; 1];
-            let peeked = recv(
-                l.conn.as_raw_fd(),
-                &mut b,
-                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-            );
-            !matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET))
-        });
+        self.list.retain(|l| !l.peer_gone());
     }
 
     /// Whether any link's ring holds records not yet received.
@@ -217,6 +243,18 @@ pub(super) fn sleep_end(watches: &[RingWatch]) {
 }
 
 impl Link {
+    /// Whether the peer's device is gone: its handshake connection reads
+    /// end-of-file.
+    fn peer_gone(&self) -> bool {
+        let mut b = [0u8; 1];
+        let peeked = recv(
+            self.conn.as_raw_fd(),
+            &mut b,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        );
+        matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET))
+    }
+
     /// Whether a packet of `len` bytes fits into the ring now.
     pub(super) fn has_room(&mut self, len: usize) -> bool {
         self.tx.has_room(len)
@@ -521,6 +559,7 @@ impl Engine {
                     pushed: false,
                     cma: setup.cma && cma_enabled(),
                     peer_pid: setup.peer_pid,
+                    reader_seen: None,
                     conn: setup.conn,
                 };
                 st.links.list.insert(0, link);

@@ -955,6 +955,11 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
         // The entry may be early (see flush): run only what is really due.
         if let slot::Transport::Rc(rc) = &mut slot.transport {
             if rc.next_timeout().is_some_and(|d| d <= now) {
+                // Nothing is lost in a same-host ring: while its reader is
+                // alive and moving, packets still in it are only late.
+                if slot.peer.is_some_and(|p| st.links.peer_behind(p.ip(), now)) {
+                    rc.postpone_retransmission(now, now + local::RING_LATE_RECHECK);
+                }
                 rc.handle_timeout(now);
             }
         }

@@ -440,6 +440,17 @@ impl RcQp {
 
     /// Runs expired timers: retransmission (go back to the oldest
     /// unacknowledged PSN, or RETRY_EXC_ERR) and the RNR wait.
+    /// Puts off retransmission timers that are due until `until`: the
+    /// engine knows the packets are not lost, only not yet read (they wait
+    /// in a same-host ring whose reader is alive and busy).
+    pub(crate) fn postpone_retransmission(&mut self, now: Instant, until: Instant) {
+        for t in [&mut self.comp.retransmit_at, &mut self.comp.fast_rto_at] {
+            if t.is_some_and(|t| t <= now) {
+                *t = Some(until);
+            }
+        }
+    }
+
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
