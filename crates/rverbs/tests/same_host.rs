@@ -954,7 +954,8 @@ fn eight_qps_stream_over_one_link_without_loss() {
     assert_eq!(sb.local_qps, QPS as u64, "{report}");
     assert_eq!(sa.tx_sends + sb.tx_sends, 0, "{report}");
     assert!(
-        sb.local_rx_packets >= (QPS * MSGS * MSG / (64 << 10)) as u64,
+        // At least a packet per message (same-host segments are large).
+        sb.local_rx_packets >= (QPS * MSGS) as u64,
         "{report}"
     );
     // Lossless: nothing resent. (A host that kept the engine off its core

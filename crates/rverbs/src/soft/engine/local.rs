@@ -44,9 +44,9 @@ use crate::wr::MwBindInfo;
 use std::ops::Range;
 
 /// Payload bytes per packet of an RC/UC QP whose peer is reached through a
-/// same-host link (fixed when it enters RTR): a 64 KiB WRITE is one packet,
-/// where the wire takes sixteen at a 4 KiB MTU.
-pub(super) const LOCAL_SEGMENT: u32 = 64 << 10;
+/// same-host link (fixed when it enters RTR): a 1 MiB WRITE is four packets,
+/// where the wire takes 256 at a 4 KiB MTU.
+pub(super) const LOCAL_SEGMENT: u32 = 256 << 10;
 /// Most packets of `LOCAL_SEGMENT` bytes a same-host QP keeps in flight:
 /// a quarter of a ring, so a few QPs share one without filling it.
 pub(super) const LOCAL_WINDOW: u32 = (DEFAULT_RING_BYTES / 4 / LOCAL_SEGMENT as usize) as u32;
