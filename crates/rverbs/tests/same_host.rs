@@ -945,10 +945,11 @@ fn eight_qps_stream_over_one_link_without_loss() {
         assert_eq!(sa.local_links + sb.local_links, 0, "{report}");
         return;
     }
-    assert_eq!(
-        (sa.local_links, sb.local_links),
-        (1, 1),
-        "one link: {report}"
+    // One link each way of dialling at most: both devices' QPs may enter
+    // RTR before either side's link is installed, and then each dials.
+    assert!(
+        (1..=2).contains(&sa.local_links) && sa.local_links == sb.local_links,
+        "one link (two if both dialled at once): {report}"
     );
     assert_eq!(sa.local_qps, QPS as u64, "{report}");
     assert_eq!(sb.local_qps, QPS as u64, "{report}");
