@@ -1186,3 +1186,47 @@ fn ud_between_linked_devices_goes_through_the_ring() {
     assert!(after_c.rx_packets > before_c.rx_packets, "{report}");
     assert_eq!(after_c.local_qps, 0, "{report}");
 }
+
+/// UC completes a send once its packets are out, so its payload must be in
+/// the ring by then: a buffer the program overwrites right after the
+/// completion still arrives as it was (an independent review found a UC
+/// WRITE left in the sender's memory for cross-memory attach arriving
+/// with the bytes written after its completion).
+#[test]
+fn uc_payloads_are_taken_before_the_send_completes() {
+    if std::env::var_os(ROLE).is_some() {
+        return;
+    }
+    let _one = serial();
+    const MSG: usize = 4 << 20;
+    let (da, db) = (device_at("sh-uc-a", 48), device_at("sh-uc-b", 49));
+    let a = common::pair_side_on(&da, QpType::Uc, rc_caps(), MSG, ALL);
+    let b = common::pair_side_on(&db, QpType::Uc, rc_caps(), MSG, ALL);
+    common::connect_sides(&a, &b);
+    for round in 0..8u64 {
+        let want = pattern(0x9000 + round, MSG);
+        a.mr.write_at(0, &want).unwrap();
+        let op = WrOpcode::RdmaWriteWithImm {
+            remote_addr: b.mr.iova(),
+            rkey: b.mr.rkey(),
+            imm: round as u32,
+        };
+        b.qp.post_recv(&RecvWr::new(round, &[])).unwrap();
+        let s = [sge(&a.mr, 0, MSG as u32)];
+        a.qp.post_send(&SendWr::new(round, op, &s).signaled())
+            .unwrap();
+        let wc = wait_n(&a.cq, 1, STEP, "UC WRITE sent");
+        assert_eq!(wc[0].status, WcStatus::Success);
+        // The program reuses its buffer at once, as UC lets it.
+        a.mr.write_at(0, &vec![0xee; MSG]).unwrap();
+        let wc = wait_n(&b.cq, 1, STEP, "UC WRITE received");
+        assert_eq!(
+            (wc[0].status, wc[0].imm()),
+            (WcStatus::Success, Some(round as u32))
+        );
+        assert_same(&read_mr(&b.mr, 0, MSG), &want, &format!("UC round {round}"));
+    }
+    if !path_off_here() {
+        assert!(da.net_stats().local_qps >= 1, "{:?}", da.net_stats());
+    }
+}

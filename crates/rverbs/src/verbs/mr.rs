@@ -452,7 +452,7 @@ impl MemoryRegion {
 
 /// Longest deregistration waits for same-host peers to copy what was sent
 /// from the MR (see `Engine::await_peer_copies`).
-const PEER_COPY_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+const PEER_COPY_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn check_translation(verb: Verb, pd: &PdCore, addr: u64, len: usize, iova: u64) -> Result<()> {
     let max = pd.ctx.device.attr.max_mr_size;

@@ -65,6 +65,20 @@ const IOV_ENTRY: usize = 16;
 /// which costs less than the system call.
 const CMA_MIN: usize = 16 << 10;
 
+/// Most SGEs a send WR has (`max_send_sge`), so most payload stretches a
+/// record lists.
+const MAX_STRETCHES: usize = 32;
+
+/// The ring room a packet of up to `room` bytes may take as a record:
+/// prefix, packet, the payload stretches of a cross-memory-attach record,
+/// and the record's own header and padding.
+pub(super) fn record_room(room: usize) -> usize {
+    RECORD_PREFIX + room + IOV_ENTRY * MAX_STRETCHES + 16
+}
+
+/// How soon a pass looks again at a QP held back by a full ring.
+pub(super) const RING_FULL_RECHECK: Duration = Duration::from_micros(50);
+
 /// A packet taken from a ring.
 pub(super) struct RingPacket<'a> {
     /// The packet (for a cross-memory-attach one, its payload bytes are
@@ -87,7 +101,9 @@ pub(crate) struct RemotePayload {
 impl RemotePayload {
     /// Bytes in all.
     pub(crate) fn len(&self) -> u64 {
-        self.iovs.iter().map(|&(_, n)| n).sum()
+        self.iovs
+            .iter()
+            .fold(0u64, |sum, &(_, n)| sum.saturating_add(n))
     }
 }
 
@@ -173,7 +189,13 @@ pub(super) struct Link {
 /// The engine's links and what it remembers of handshakes.
 #[derive(Default)]
 pub(super) struct Links {
+    /// Oldest first: QPs send on the first link to their peer's device.
     pub(super) list: Vec<Link>,
+    /// Bumped when a link is added.
+    pub(super) generation: u64,
+    /// The link a receive pass starts at (each pass the next one, so a
+    /// busy peer does not starve the others).
+    pub(super) rx_next: usize,
     /// Addresses whose handshake failed lately, and when.
     refused: Vec<(IpAddr, Instant)>,
 }
@@ -189,13 +211,17 @@ impl Links {
     /// within [`RING_STALL_LIMIT`]: then they are not lost, and a due
     /// retransmission timer is put off (a slow reader — a debug build, a
     /// busy core — would otherwise have them resent while they wait).
-    pub(super) fn peer_behind(&mut self, peer: IpAddr, now: Instant) -> bool {
+    ///
+    /// `mark`: where the QP's own last packet ended in the ring (`None`: it
+    /// sent none there). Once the reader is past it, the QP's packets were
+    /// all read, and a timer that runs out means a loss like any other.
+    pub(super) fn peer_behind(&mut self, peer: IpAddr, now: Instant, mark: Option<u64>) -> bool {
+        let Some(mark) = mark else { return false };
         let Some(link) = self.to(peer) else {
             return false;
         };
-        let (progress, head) = link.tx.progress();
-        let consumed = progress.consumed();
-        if consumed >= head || link.peer_gone() {
+        let consumed = link.tx.progress().0.consumed();
+        if consumed >= mark || link.peer_gone() {
             return false;
         }
         match link.reader_seen {
@@ -268,12 +294,16 @@ impl Link {
     /// `segment`: the payload bytes per packet the sending QP cuts its
     /// requests into, when not the path MTU (the receiver checks packet
     /// sizes against it, and cuts READ responses so).
+    /// `by_reference`: the payload may stay in our memory for the peer to
+    /// copy (RC, whose sends complete only once the peer acknowledged
+    /// them; not UC, whose complete when sent).
     pub(super) fn push(
         &mut self,
         mem: &MrTable,
         pkt: &[u8],
         refs: &[PayloadRef],
         segment: Option<u32>,
+        by_reference: bool,
     ) -> bool {
         let mut prefix = [0u8; RECORD_PREFIX];
         prefix[..4].copy_from_slice(&segment.unwrap_or(0).to_le_bytes());
@@ -301,7 +331,7 @@ impl Link {
             }
         }
         let payload: usize = refs.iter().map(|r| r.len as usize).sum();
-        if self.cma && payload >= CMA_MIN {
+        if by_reference && self.cma && payload >= CMA_MIN {
             // The peer copies the payload itself, straight from our
             // registered memory into its own (one copy): the record holds
             // the headers and where the payload lies.
@@ -355,6 +385,12 @@ impl Link {
         pushed
     }
 
+    /// Where this side's records end now (compare with what the reader
+    /// has consumed: see [`Links::peer_behind`]).
+    pub(super) fn pushed_to(&self) -> u64 {
+        self.tx.progress().1
+    }
+
     /// The next packet from the peer, in place (see `Consumer::peek`),
     /// with the segment size its sender cuts requests into (`None`: the
     /// path MTU) and, for a payload the peer left in its own memory, where
@@ -392,12 +428,16 @@ pub(super) fn ring_doorbells(st: &mut State) {
         ..
     } = st;
     for link in &mut links.list {
-        if std::mem::take(&mut link.pushed) && link.tx.peer_sleeping() {
+        if link.pushed && link.tx.peer_sleeping() {
+            // A doorbell that could not be sent is tried again next pass.
             if let Some(s) = socket.as_ref() {
                 if s.send_to(&[], peer_endpoint(link.peer)).is_ok() {
                     stats.local_doorbells_sent += 1;
+                    link.pushed = false;
                 }
             }
+        } else {
+            link.pushed = false;
         }
     }
 }
@@ -442,7 +482,7 @@ impl Engine {
     pub(crate) fn await_peer_copies(&self, limit: Duration) {
         let mut pending = Vec::new();
         let _ = self.locked(|st| {
-            for link in st.links.list.iter().filter(|l| l.cma) {
+            for link in st.links.list.iter().filter(|l| l.cma && !l.peer_gone()) {
                 pending.push(link.tx.progress());
             }
         });
@@ -550,8 +590,15 @@ impl Engine {
         );
         let installed = self
             .locked(|st| {
-                // A newer link to the same device replaces the old one for
-                // sending; the old one is still drained until it is gone.
+                // Not on a device that is going away (or gone): its peers
+                // would never see the link end.
+                if st.socket.is_none() || self.stopped.load(std::sync::atomic::Ordering::Acquire) {
+                    return false;
+                }
+                // A second link to the same device (both dialled at once)
+                // is drained but not sent on: every QP to that device sends
+                // on the oldest, so a stream never switches rings midway
+                // (which would reorder it).
                 let link = Link {
                     peer: setup.peer_addr,
                     tx: rings.tx,
@@ -562,16 +609,21 @@ impl Engine {
                     reader_seen: None,
                     conn: setup.conn,
                 };
-                st.links.list.insert(0, link);
+                st.links.list.push(link);
+                st.links.generation += 1;
                 st.links.refused.retain(|(a, _)| *a != setup.peer_addr);
                 st.stats.local_links += 1;
                 if !setup.cma {
                     st.stats.local_links_without_cma += 1;
                 }
+                true
             })
-            .is_ok();
+            .unwrap_or(false);
         // Threads asleep now do not count as the new ring's sleepers: they
-        // look again (the engine thread, and parked pollers).
+        // look again (the engine thread, and parked pollers, which also
+        // compare the links' generation before they sleep).
+        self.links_changed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = self.waker.write(1);
         self.bell.wake();
         installed

@@ -110,6 +110,9 @@ const RX_BUDGET: usize = 64;
 /// budget of GRO batches held them for tens of milliseconds, past the
 /// sender's retransmission timer.
 const RX_PASS_TIME: Duration = Duration::from_micros(250);
+// A same-host packet (see `local`) is built in the transmit buffer.
+const _: () = assert!(TX_BUFFER >= local::LOCAL_SEGMENT as usize + 128);
+
 /// Largest UDP payload one send (a GSO batch) may carry.
 const MAX_BATCH_BYTES: usize = 65_000;
 /// The transmit buffer: room for a few full batches, so one system call
@@ -204,6 +207,14 @@ struct State {
     gsi: Arc<GsiInbox>,
     /// Links to devices of this host (see `local`).
     links: local::Links,
+    /// QPs a full same-host ring held back: a pass looks at them again
+    /// after `local::RING_FULL_RECHECK`.
+    ring_blocked: Vec<u32>,
+    /// When a pass last read the socket (see `rx::receive`).
+    socket_read_at: Option<Instant>,
+    /// Since when the socket's reads found nothing (`None`: the last one
+    /// found a datagram).
+    socket_quiet_since: Option<Instant>,
 }
 
 /// What one packet in flight is taken to cost a receiving socket's buffer:
@@ -280,6 +291,9 @@ pub(crate) struct Engine {
     /// Wakes parked threads when a completion lands in a CQ (the
     /// process's, see `park`).
     bell: &'static Bell,
+    /// Bumped when a same-host link is added (a parked poller's ring
+    /// snapshot is then stale: it does not sleep on it).
+    links_changed: AtomicU64,
     /// Answers same-host handshakes (see `local`) while the device lives:
     /// closed with its socket, so a device that takes the address next can
     /// answer for it.
@@ -360,6 +374,9 @@ impl Engine {
                 flush_order: Vec::new(),
                 gsi: Arc::new(GsiInbox::new()?),
                 links: local::Links::default(),
+                ring_blocked: Vec::new(),
+                socket_read_at: None,
+                socket_quiet_since: None,
                 #[cfg(feature = "fault-injection")]
                 armed_panic: None,
             }),
@@ -385,6 +402,7 @@ impl Engine {
             // it spins as before issue 13 (for a program that must not
             // block there, at the cost of the core).
             bell: Bell::process()?,
+            links_changed: AtomicU64::new(0),
             local_listener: Mutex::new(None),
         })
     }
@@ -855,7 +873,12 @@ fn next_deadline(st: &mut State) -> Option<Instant> {
         return Some(Instant::now());
     }
     settle_timers(st);
-    st.timers.first().map(|&(t, _)| t)
+    let timer = st.timers.first().map(|&(t, _)| t);
+    if st.ring_blocked.is_empty() {
+        return timer;
+    }
+    let recheck = Instant::now() + local::RING_FULL_RECHECK;
+    Some(timer.map_or(recheck, |t| t.min(recheck)))
 }
 
 /// Brings the earliest timer entries up to their QPs' real next expiry.
@@ -917,13 +940,22 @@ enum Driver {
 /// pass on another thread), armed retransmission timers that long too early
 /// and resent what the peer had acknowledged.
 fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
+    if !st.ring_blocked.is_empty() {
+        // QPs a full ring held back try again; a ring whose reader is gone
+        // goes (its QPs' packets are lost, as to a dead peer).
+        st.links.prune_dead();
+        for qpn in std::mem::take(&mut st.ring_blocked) {
+            mark_dirty(st, qpn);
+        }
+    }
     let before = st.stats.rx_recvs;
     let ring_before = st.stats.local_rx_packets;
     // A poller about to park receives nothing: its sleep ends at once if
     // packets wait. Its pass does not count as reading the socket dry, so
     // only timers overdue by `TIMER_DEFER` run in it (an earlier pass may
     // have left an ACK queued); the pass after its sleep runs the rest.
-    let drained = driver != Driver::Parking && rx::receive(st, mem, driver);
+    let start = Instant::now();
+    let drained = driver != Driver::Parking && rx::receive(st, mem, driver, start);
     let received = st.stats.rx_recvs != before;
     #[cfg(feature = "fault-injection")]
     if received {
@@ -934,7 +966,8 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
         };
         injected_panic(st, here);
     }
-    let now = Instant::now();
+    // An empty pass (a busy poller's, mostly) reads the clock once.
+    let now = if received { Instant::now() } else { start };
     // Timers wait until the socket is read dry: an ACK still queued there
     // would otherwise be found only after its packets were resent (a pass
     // that stopped early for a poller's completion, or a thread that comes
@@ -957,7 +990,10 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
             if rc.next_timeout().is_some_and(|d| d <= now) {
                 // Nothing is lost in a same-host ring: while its reader is
                 // alive and moving, packets still in it are only late.
-                if slot.peer.is_some_and(|p| st.links.peer_behind(p.ip(), now)) {
+                if slot
+                    .peer
+                    .is_some_and(|p| st.links.peer_behind(p.ip(), now, slot.ring_mark))
+                {
                     rc.postpone_retransmission(now, now + local::RING_LATE_RECHECK);
                 }
                 rc.handle_timeout(now);

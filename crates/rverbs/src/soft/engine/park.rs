@@ -429,6 +429,7 @@ impl Engine {
     /// sleeper keeps up, see `thread`). How it ended.
     pub(crate) fn park(&self, now: Instant, cq: u64, ready: impl Fn() -> bool) -> Parked {
         let pushed = self.pushed();
+        let links = self.links_changed.load(Ordering::SeqCst);
         // The socket, the bell, and the multicast groups' sockets.
         let mut fds: SmallVec<[RawFd; 4]> = SmallVec::new();
         // And the rings of same-host links.
@@ -461,8 +462,10 @@ impl Engine {
         let mut rung = false;
         let mut slept = false;
         if self.pushed() == pushed && !ready() {
-            // Counted as a sleeper of each ring first, then one more look.
-            if !local::sleep_begin(&rings) {
+            // Counted as a sleeper of each ring first, then one more look
+            // (at the rings, and whether a link came since the snapshot).
+            let records = local::sleep_begin(&rings);
+            if !records && self.links_changed.load(Ordering::SeqCst) == links {
                 let readable = sys::wait_readable(&fds, wait);
                 rung = readable & 2 != 0;
                 slept = true;

@@ -32,11 +32,10 @@ struct CmsgBuffer([u8; 64]);
 /// Receives a pass's datagrams. Whether it read the socket dry (a receive
 /// found nothing more): if not, packets still wait — an ACK among them, say
 /// — and retransmission timers must not run before they are seen.
-pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
+pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) -> bool {
     let Some(fd) = st.socket.as_ref().map(|s| s.as_raw_fd()) else {
         return true;
     };
-    let start = Instant::now();
     let now = start;
     let local = st.local;
     // Segments of a batch a poller's pass left for later come first.
@@ -48,10 +47,29 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
         st.rx_spare = left.buf;
     }
     // Packets from devices of this host, in their rings.
-    let (rings_dry, stop) = receive_local(st, mem, driver);
+    let (rings_dry, stop) = receive_local(st, mem, driver, start);
     if stop {
         return false;
     }
+    // A busy poller whose peers are on this host, and whose socket has
+    // had nothing for SOCKET_QUIET, looks at it only every SOCKET_EVERY:
+    // the receive call would cost more than the rest of its empty pass, and
+    // what comes by the socket then (a CM MAD, a first packet from a
+    // remote peer) waits that long at most. The pass does not count as
+    // reading the socket dry.
+    if driver == Driver::Poller
+        && !st.links.list.is_empty()
+        && st
+            .socket_quiet_since
+            .is_some_and(|t| start.saturating_duration_since(t) >= SOCKET_QUIET)
+        && st
+            .socket_read_at
+            .is_some_and(|t| start.saturating_duration_since(t) < SOCKET_EVERY)
+    {
+        return false;
+    }
+    st.socket_read_at = Some(start);
+    let recvs_before = st.stats.rx_recvs;
     multicast::receive(st, mem);
     let mut rx = std::mem::take(&mut st.rx);
     let mut drained = false;
@@ -132,16 +150,27 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver) -> bool {
         }
     }
     st.rx = rx;
+    if st.stats.rx_recvs != recvs_before {
+        st.socket_quiet_since = None;
+    } else if st.socket_quiet_since.is_none() {
+        st.socket_quiet_since = Some(start);
+    }
     drained && rings_dry
 }
 
 /// Most packets one pass takes from the same-host rings.
 const LOCAL_RX_BUDGET: usize = 256;
+/// How often a busy poller of a device with same-host links reads its
+/// socket once that has been quiet for [`SOCKET_QUIET`] (see `receive`).
+const SOCKET_EVERY: std::time::Duration = std::time::Duration::from_micros(20);
+/// How long a socket must have had nothing before busy pollers read it
+/// only every [`SOCKET_EVERY`].
+const SOCKET_QUIET: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Takes the packets waiting in the same-host links' rings, each handled
 /// in place. Whether the rings were read dry, and whether a poller's pass
 /// should stop here (a packet completed work).
-fn receive_local(st: &mut State, mem: &MrTable, driver: Driver) -> (bool, bool) {
+fn receive_local(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) -> (bool, bool) {
     if st.links.list.is_empty() {
         return (true, false);
     }
@@ -150,16 +179,22 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver) -> (bool, bool) 
     let mut taken = 0;
     let mut stop = false;
     let mut out_of_time = false;
-    let start = Instant::now();
-    'links: for link in &mut links {
+    let mut now = start;
+    let first = st.links.rx_next % links.len();
+    st.links.rx_next = st.links.rx_next.wrapping_add(1);
+    let (late, early) = links.split_at_mut(first);
+    'links: for link in early.iter_mut().chain(late.iter_mut()) {
         let peer = link.peer_endpoint();
         while taken < LOCAL_RX_BUDGET {
             // As for the socket: the ACKs this pass owes leave at its end,
             // and a long pass (a debug build copying megabytes) would hold
             // them past the sender's timer.
-            if taken > 0 && start.elapsed() >= RX_PASS_TIME {
-                out_of_time = true;
-                break 'links;
+            if taken > 0 {
+                now = Instant::now();
+                if now.saturating_duration_since(start) >= RX_PASS_TIME {
+                    out_of_time = true;
+                    break 'links;
+                }
             }
             let Some(rp) = link.next_record() else {
                 continue 'links;
@@ -168,10 +203,10 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver) -> (bool, bool) 
             st.stats.rx_packets += 1;
             st.stats.local_rx_packets += 1;
             let completed = match rp.remote {
-                None => dispatch(st, mem, Instant::now(), (local, peer), rp.pkt, rp.segment),
+                None => dispatch(st, mem, now, (local, peer), rp.pkt, rp.segment),
                 Some(remote) => {
                     st.stats.local_rx_pulled += 1;
-                    dispatch_pulled(st, mem, (local, peer), rp.pkt, rp.segment, &remote)
+                    dispatch_pulled(st, mem, now, (local, peer), rp.pkt, rp.segment, &remote)
                 }
             };
             link.consume();
@@ -278,6 +313,7 @@ fn handle_datagram(
 fn dispatch_pulled(
     st: &mut State,
     mem: &MrTable,
+    now: Instant,
     (local, peer): (SocketAddr, SocketAddr),
     pkt: &[u8],
     segment: Option<u32>,
@@ -296,7 +332,7 @@ fn dispatch_pulled(
         hole: p.payload.as_ptr() as usize..p.payload.as_ptr() as usize + p.payload.len(),
         remote,
     };
-    deliver(st, &pulled, Instant::now(), (local, peer), &p, segment)
+    deliver(st, &pulled, now, (local, peer), &p, segment)
 }
 
 /// Parses one received packet (its ICRC checked, or from a same-host

@@ -127,6 +127,9 @@ pub(crate) struct QpSlot {
     /// The peer's UDP endpoint (from the address vector): only it may talk
     /// to an RC or UC QP.
     pub(super) peer: Option<SocketAddr>,
+    /// Where its last packet into a same-host ring ended (see
+    /// `Links::peer_behind`).
+    pub(super) ring_mark: Option<u64>,
     /// Counters of transports this QP had before a reset.
     past: RcCounters,
     past_ud: UdCounters,
@@ -153,6 +156,7 @@ impl QpSlot {
             events,
             transport: Transport::Reset,
             peer: None,
+            ring_mark: None,
             past: RcCounters::default(),
             past_ud: UdCounters::default(),
             max_send_wr: max_send_wr as usize,

@@ -18,6 +18,7 @@ use rverbs_wire::icrc::{self, IpUdpHeaders};
 use rverbs_wire::packet::ICRC_LEN;
 use smallvec::SmallVec;
 
+use super::local::{self, LOCAL_SEGMENT};
 use super::slot::Transport;
 use super::{
     in_flight_cost, peer_endpoint, NetStats, State, FLUSH_BUDGET, MAX_BATCH_BYTES,
@@ -408,6 +409,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         in_flight_limit,
         budget_queue,
         links,
+        ring_blocked,
         ..
     } = st;
     for (i, &qpn) in order.iter().enumerate() {
@@ -451,20 +453,27 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
         let orphan = link.is_none()
             && matches!(&slot.transport, Transport::Rc(rc) if rc.segment() as usize + 128 > MAX_PACKET);
         if let (Transport::Rc(rc), Some(link)) = (&mut slot.transport, link) {
-            // A peer on this host: each packet into the link's ring.
-            let room = rc.segment().max(rc.mtu()) as usize + 128;
+            // A peer on this host: each packet into the link's ring. Room
+            // for the largest packet of any QP on a link: a READ's
+            // responses are cut by the requester's segment, whatever ours.
+            let room = LOCAL_SEGMENT.max(rc.mtu()) as usize + 128;
             let segment = (rc.segment() != rc.mtu()).then(|| rc.segment());
+            // UC completes a send once its packets are out: its payloads
+            // must be in the ring, not left in memory the program may
+            // reuse at once.
+            let by_reference = rc.counts_in_flight();
             let mut budget = FLUSH_BUDGET;
             loop {
                 if budget == 0 {
                     out_of_budget = true;
                     break;
                 }
-                if !link.has_room(room + 16) {
-                    // The peer has not caught up: the rest waits for the
-                    // next pass (nothing is built that would be lost).
+                if !link.has_room(local::record_room(room)) {
+                    // The peer has not caught up: the rest waits until it
+                    // has (nothing is built that would be lost); the pass
+                    // looks again shortly, not at once (see `local`).
                     stats.local_ring_full += 1;
-                    out_of_budget = true;
+                    ring_blocked.push(qpn);
                     break;
                 }
                 budget -= 1;
@@ -476,9 +485,10 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                 let Some(n) = rc.poll_transmit(now, mem, &mut buf, acks) else {
                     break;
                 };
-                if link.push(mem, &tx[..n], &refs, segment) {
+                if link.push(mem, &tx[..n], &refs, segment, by_reference) {
                     stats.tx_packets += 1;
                     stats.local_tx_packets += 1;
+                    slot.ring_mark = Some(link.pushed_to());
                 } else {
                     stats.tx_errors += 1;
                 }
@@ -602,7 +612,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
                     break;
                 };
                 if let Some(link) = links.to(ip) {
-                    if link.push(mem, &tx[..n], &[], None) {
+                    if link.push(mem, &tx[..n], &[], None, false) {
                         stats.tx_packets += 1;
                         stats.local_tx_packets += 1;
                     } else {

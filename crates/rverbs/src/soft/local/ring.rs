@@ -286,7 +286,12 @@ impl Producer {
         let at = (self.head % self.capacity as u64) as usize;
         let to_end = self.capacity - at;
         let needed = if size <= to_end { size } else { to_end + size } as u64;
-        let fits = |tail: u64| self.head - tail + needed <= self.capacity as u64;
+        // A tail past our head (a peer scribbling on the control page)
+        // reads as a full ring, never as room.
+        let fits = |tail: u64| {
+            let used = self.head.wrapping_sub(tail);
+            used <= self.capacity as u64 && used + needed <= self.capacity as u64
+        };
         if !fits(self.tail_seen) {
             self.tail_seen = self.control().tail.0.load(Ordering::Acquire);
             if !fits(self.tail_seen) {

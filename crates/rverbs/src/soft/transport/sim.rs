@@ -141,9 +141,10 @@ struct Sim {
     /// The BTH opcode of every packet each side transmitted, before the
     /// link's faults (lost ones too).
     tx_opcodes: [Vec<u8>; 2],
-    /// Both QPs cut their messages into packets of this many bytes instead
-    /// of the MTU, as over a same-host ring, which says so with each packet.
-    segment: Option<u32>,
+    /// Each side's QP cuts its messages into packets of this many bytes
+    /// instead of the MTU, as over a same-host ring, which says so with
+    /// each packet.
+    segments: [Option<u32>; 2],
 }
 
 fn config(qpn: u32, dest: u32) -> RcConfig {
@@ -238,16 +239,21 @@ impl Sim {
             forged: 0,
             lies_withheld: 0,
             tx_opcodes: [Vec::new(), Vec::new()],
-            segment: None,
+            segments: [None, None],
         }
     }
 
-    /// Both QPs segment at `bytes` (see [`Sim::segment`]).
-    fn with_segment(mut self, bytes: u32) -> Sim {
-        for side in &mut self.sides {
-            side.qp.set_segment(Some(bytes), super::rc::WINDOW);
+    /// Both QPs segment at `bytes` (see [`Sim::segments`]).
+    fn with_segment(self, bytes: u32) -> Sim {
+        self.with_segments([Some(bytes), Some(bytes)])
+    }
+
+    /// Each side's QP segments as `segments` says (`None`: at the MTU).
+    fn with_segments(mut self, segments: [Option<u32>; 2]) -> Sim {
+        for (side, seg) in self.sides.iter_mut().zip(segments) {
+            side.qp.set_segment(seg, super::rc::WINDOW);
         }
-        self.segment = Some(bytes);
+        self.segments = segments;
         self
     }
 
@@ -322,7 +328,8 @@ impl Sim {
         let side = &mut self.sides[pkt.to];
         // A QP that went to ERR drops what still arrives; the contract
         // checks see to the rest.
-        let _ = side.qp.handle_packet(&p, self.now, &side.mem, self.segment);
+        let sent_by = self.segments[1 - pkt.to];
+        let _ = side.qp.handle_packet(&p, self.now, &side.mem, sent_by);
     }
 
     fn drain_events(&mut self) {
@@ -350,7 +357,8 @@ impl Sim {
 
     /// Runs until both sides are quiet (true) or the clock reaches `stop`.
     fn run_until(&mut self, stop: Instant) -> bool {
-        let mut buf = vec![0u8; self.segment.unwrap_or(MTU).max(MTU) as usize + 128];
+        let largest = self.segments.iter().flatten().copied().max().unwrap_or(MTU);
+        let mut buf = vec![0u8; largest.max(MTU) as usize + 128];
         let mut refs = Vec::new();
         loop {
             if self.now >= stop {
@@ -871,6 +879,34 @@ fn same_host_segments_survive_a_faulty_link() {
         gave_up += u32::from(outcome != Outcome::Completed);
     }
     assert!(gave_up <= 1, "{gave_up} of 30 runs ran out of retries");
+}
+
+/// One side segments for the same-host path, the other at the MTU (its
+/// QP entered RTR before the link existed): every kind of traffic still
+/// completes, READ responses cut by each requester's own segment.
+#[test]
+fn mismatched_segments_still_agree() {
+    for seed in 0..12u64 {
+        let faults = LinkFaults {
+            loss: (seed % 3) as f64 * 0.03,
+            duplicate: 0.02,
+            reorder: 0.05,
+            corrupt: 0.0,
+            forge: 0.0,
+        };
+        let segments = if seed % 2 == 0 {
+            [Some(3 * MTU - 200), None]
+        } else {
+            [None, Some(4 * MTU)]
+        };
+        let sim = Sim::new(seed, faults).with_segments(segments);
+        let (_, outcome) = mixed_traffic_in(sim, seed, 40);
+        assert_eq!(
+            outcome,
+            Outcome::Completed,
+            "seed {seed}, segments {segments:?}"
+        );
+    }
 }
 
 #[test]
@@ -1434,7 +1470,7 @@ fn a_qp_in_err_sends_no_queued_read_responses() {
     let p = PacketRepr::parse(&request).unwrap();
     let side = &mut sim.sides[1];
     side.qp
-        .handle_packet(&p, sim.now, &side.mem, sim.segment)
+        .handle_packet(&p, sim.now, &side.mem, sim.segments[0])
         .unwrap();
     side.qp.enter_error(); // modify_qp → ERR
     let mut sent = 0;
@@ -1571,7 +1607,7 @@ impl Sim {
     fn hand_over(&mut self, to: usize, pkt: &[u8]) {
         let p = PacketRepr::parse(pkt).expect("a packet the QP built parses");
         let side = &mut self.sides[to];
-        let _ = side.qp.handle_packet(&p, self.now, &side.mem, self.segment); // ERR drops it
+        let _ = side.qp.handle_packet(&p, self.now, &side.mem, None); // ERR drops it
         self.drain_events();
     }
 }
@@ -2062,7 +2098,8 @@ fn rc_and_uc_drop_a_packet_of_another_partition() {
         let p = PacketRepr::parse(&forged).unwrap();
         let side = &mut sim.sides[1];
         assert_eq!(
-            side.qp.handle_packet(&p, sim.now, &side.mem, sim.segment),
+            side.qp
+                .handle_packet(&p, sim.now, &side.mem, sim.segments[0]),
             Err(RxDrop::PKey),
             "uc {uc}"
         );
@@ -2071,7 +2108,8 @@ fn rc_and_uc_drop_a_packet_of_another_partition() {
         let p = PacketRepr::parse(&pkts[0]).unwrap();
         let side = &mut sim.sides[1];
         assert_eq!(
-            side.qp.handle_packet(&p, sim.now, &side.mem, sim.segment),
+            side.qp
+                .handle_packet(&p, sim.now, &side.mem, sim.segments[0]),
             Ok(())
         );
         sim.drain_events();
