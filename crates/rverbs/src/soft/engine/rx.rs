@@ -113,6 +113,8 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Inst
             continue;
         }
         st.stats.rx_recvs += 1;
+        // Not quiet (set here: the pass may return early, below).
+        st.socket_quiet_since = None;
         let seg = gro.filter(|&g| g > 0).unwrap_or(n).max(1);
         let mut batch = Received {
             buf: rx,
@@ -150,9 +152,7 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Inst
         }
     }
     st.rx = rx;
-    if st.stats.rx_recvs != recvs_before {
-        st.socket_quiet_since = None;
-    } else if st.socket_quiet_since.is_none() {
+    if st.stats.rx_recvs == recvs_before && st.socket_quiet_since.is_none() {
         st.socket_quiet_since = Some(start);
     }
     drained && rings_dry
