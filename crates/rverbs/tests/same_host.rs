@@ -1199,7 +1199,7 @@ fn uc_payloads_are_taken_before_the_send_completes() {
     }
     let _one = serial();
     const MSG: usize = 4 << 20;
-    let (da, db) = (device_at("sh-uc-a", 48), device_at("sh-uc-b", 49));
+    let (da, db) = (device_at("sh-uc-a", 52), device_at("sh-uc-b", 53));
     let a = common::pair_side_on(&da, QpType::Uc, rc_caps(), MSG, ALL);
     let b = common::pair_side_on(&db, QpType::Uc, rc_caps(), MSG, ALL);
     common::connect_sides(&a, &b);
