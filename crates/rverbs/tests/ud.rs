@@ -705,3 +705,42 @@ fn ud_receive_over_ipv6_reports_ipv6_in_sl() {
     assert_eq!(grh[0] >> 4, 6, "an IPv6 header: {grh:?}");
     assert_eq!(&grh[24..40], &lo6.octets(), "its destination");
 }
+
+/// A UD receive into foreign memory its registrant unmapped while still
+/// registered (UCX frees its UD receive pool before it destroys the QP, and
+/// a late datagram arrived then): the receive completes with a local
+/// protection error and the process lives on, where the copy used to take
+/// it down with SIGSEGV on the engine thread.
+#[test]
+fn a_ud_receive_into_unmapped_foreign_memory_fails_without_a_crash() {
+    use nix::libc;
+    let (a, b) = pair();
+    let ah = ah_to(&a, &b);
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(m, libc::MAP_FAILED);
+    let p: *mut u8 = m.cast();
+    // SAFETY: the page stays registered while the test plays the careless
+    // program: it is unmapped below, which is the point.
+    let mr = unsafe { b.pd.reg_mr_raw(p, page, p as u64, AccessFlags::LOCAL_WRITE) }.unwrap();
+    b.qp.post_recv(&RecvWr::new(7, &[sge(&mr, 0, page as u32)]))
+        .unwrap();
+    // SAFETY: our own page; nothing of ours references it any more.
+    assert_eq!(unsafe { libc::munmap(m, page) }, 0);
+    a.qp.post_send(&SendWr::inline(1, WrOpcode::Send, b"late").to(&ah, b.qp.qp_num(), QKEY))
+        .unwrap();
+    let wc = wait(&b.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::LocProtErr));
+    drop(mr);
+}

@@ -282,6 +282,10 @@ pub(crate) enum AccessError {
     /// sends from).
     #[error("the same-host peer's payload could not be read ({0})")]
     PeerMemory(nix::errno::Errno),
+    /// Registered foreign memory its registrant unmapped while it was still
+    /// registered (a use-after-free in the program).
+    #[error("registered memory is no longer mapped ({0})")]
+    Unmapped(nix::errno::Errno),
 }
 
 /// The mutable part of an MR: replaced by re-registration.
@@ -400,6 +404,7 @@ impl MrState {
         Ok(WriteWindow {
             ptr,
             len,
+            foreign: self.region.is_foreign(),
             _state: PhantomData,
         })
     }
@@ -456,6 +461,8 @@ impl ForeignBytes<'_> {
 pub(crate) struct WriteWindow<'a> {
     ptr: *mut u8,
     len: usize,
+    /// The registrant's memory, not the MR's (see `write_from_unfaulting`).
+    foreign: bool,
     _state: PhantomData<&'a mut MrState>,
 }
 
@@ -522,6 +529,24 @@ impl WriteWindow<'_> {
         // every other access to the MR's memory through rverbs.
         unsafe { std::ptr::copy(src.as_ptr(), self.ptr, n) };
         n
+    }
+
+    /// Copies `src` into the start of the window as `write_from` does, but
+    /// into foreign memory through the kernel (`process_vm_writev` on this
+    /// process), so memory its registrant unmapped while registered is
+    /// EFAULT, not a SIGSEGV that takes the process down. For receives the
+    /// program may tear down carelessly (UCX frees its UD receive pool
+    /// before it destroys the QP, and a late datagram then landed in
+    /// unmapped memory); it costs a system call, so not for every copy.
+    pub(crate) fn write_from_unfaulting(&mut self, src: &[u8]) -> Result<usize, nix::errno::Errno> {
+        if !self.foreign {
+            return Ok(self.write_from(src));
+        }
+        let n = src.len().min(self.len);
+        // SAFETY: `ptr..ptr+n` is the checked window behind the MR's write
+        // lock; the kernel writes it (or finds it unmapped: EFAULT).
+        unsafe { crate::soft::sys::write_to_self(self.ptr, &src[..n]) }?;
+        Ok(n)
     }
 
     /// The window's 8 bytes as one atomic word, for a remote atomic (`None`

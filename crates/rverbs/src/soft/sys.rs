@@ -263,6 +263,34 @@ pub(crate) fn set_multicast_if_v6(fd: &impl AsRawFd, ifindex: u32) -> io::Result
     )
 }
 
+/// Copies `src` to `dst` in this process through the kernel
+/// (`process_vm_writev` on our own pid): memory that is not mapped is
+/// EFAULT instead of a fault.
+///
+/// # Safety
+/// `dst..dst+src.len()` must be memory the caller may write (a checked MR
+/// window behind its write lock), not aliased by a Rust reference.
+pub(crate) unsafe fn write_to_self(dst: *mut u8, src: &[u8]) -> Result<(), Errno> {
+    let local = libc::iovec {
+        iov_base: src.as_ptr().cast_mut().cast(),
+        iov_len: src.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: dst.cast(),
+        iov_len: src.len(),
+    };
+    // SAFETY: both vectors describe live memory of this process (the
+    // kernel only reads `local`; `remote` is the caller's window).
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    if n as usize != src.len() {
+        return Err(Errno::EFAULT);
+    }
+    Ok(())
+}
+
 /// Most I/O vector entries one `process_vm_readv` takes (`IOV_MAX`).
 const CMA_MAX_IOV: usize = 1024;
 

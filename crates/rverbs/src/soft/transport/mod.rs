@@ -75,6 +75,19 @@ pub(crate) trait Memory {
         kind: AccessKind,
         src: &[u8],
     ) -> Result<(), AccessError>;
+    /// Copies `src` to `va` as [`write`](Self::write) does, except that
+    /// foreign memory its registrant unmapped while it was registered is
+    /// an error, not a fault (see `WriteWindow::write_from_unfaulting`).
+    fn write_unfaulting(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        src: &[u8],
+    ) -> Result<(), AccessError> {
+        self.write(key, va, pd, kind, src)
+    }
     /// Runs an atomic on the 8 bytes at `va` (native byte order, as rxe; an
     /// ATOMIC WRITE stores its bytes as they are); returns the original
     /// value. `kind`: `RemoteAtomic` or `RemoteAtomicWrite`, or their
@@ -163,6 +176,21 @@ impl Memory for MrTable {
         MrTable::write(self, key, va, src.len(), kind, Some(pd), |mut w| {
             w.write_from(src);
         })
+    }
+
+    fn write_unfaulting(
+        &self,
+        key: u32,
+        va: u64,
+        pd: u64,
+        kind: AccessKind,
+        src: &[u8],
+    ) -> Result<(), AccessError> {
+        MrTable::write(self, key, va, src.len(), kind, Some(pd), |mut w| {
+            w.write_from_unfaulting(src)
+        })?
+        .map(|_| ())
+        .map_err(AccessError::Unmapped)
     }
 
     fn atomic(
@@ -389,6 +417,22 @@ pub(crate) fn gather(
     let mut done = 0;
     for (key, va, n) in sge_pieces(sges, offset, dst.len()) {
         mem.read(key, va, pd, AccessKind::LocalRead, &mut dst[done..done + n])?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// [`scatter`] through [`Memory::write_unfaulting`]: for UD receives.
+pub(crate) fn scatter_unfaulting(
+    mem: &dyn Memory,
+    pd: u64,
+    sges: &[Sge],
+    offset: u64,
+    src: &[u8],
+) -> Result<(), AccessError> {
+    let mut done = 0;
+    for (key, va, n) in sge_pieces(sges, offset, src.len()) {
+        mem.write_unfaulting(key, va, pd, AccessKind::LocalWrite, &src[done..done + n])?;
         done += n;
     }
     Ok(())

@@ -22,7 +22,8 @@ use rverbs_wire::{BthRepr, DethRepr, ImmDtRepr, Opcode, PacketRepr, Psn, Transpo
 
 use super::recv::{RecvQueue, SharedRq};
 use super::{
-    gather, pkey_matches, scatter, Memory, QpEvent, RecvWqe, RxDrop, SendWqe, TxBuffer, WqeData,
+    gather, pkey_matches, scatter_unfaulting, Memory, QpEvent, RecvWqe, RxDrop, SendWqe, TxBuffer,
+    WqeData,
 };
 use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{QpState, WrOpcode};
@@ -356,8 +357,10 @@ impl UdQp {
         }
         let grh = grh_bytes(src, dst, pkt.buffer_len());
         let pd = wqe.pd;
-        let placed = scatter(mem, pd, &wqe.sges, 0, &grh)
-            .and_then(|()| scatter(mem, pd, &wqe.sges, GRH_LEN as u64, pkt.payload));
+        // A UD receive pool the program freed before destroying the QP (UCX
+        // at teardown) is an error here, not a fault.
+        let placed = scatter_unfaulting(mem, pd, &wqe.sges, 0, &grh)
+            .and_then(|()| scatter_unfaulting(mem, pd, &wqe.sges, GRH_LEN as u64, pkt.payload));
         if placed.is_err() {
             wc.status = WcStatus::LocProtErr;
             self.events.push_back(QpEvent::RecvCompletion(wc, false));
