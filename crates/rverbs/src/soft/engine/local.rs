@@ -47,9 +47,11 @@ use std::ops::Range;
 /// same-host link (fixed when it enters RTR): a 1 MiB WRITE is four packets,
 /// where the wire takes 256 at a 4 KiB MTU.
 pub(super) const LOCAL_SEGMENT: u32 = 256 << 10;
-/// Most packets of `LOCAL_SEGMENT` bytes a same-host QP keeps in flight:
-/// a quarter of a ring, so a few QPs share one without filling it.
-pub(super) const LOCAL_WINDOW: u32 = (DEFAULT_RING_BYTES / 4 / LOCAL_SEGMENT as usize) as u32;
+/// Most packets a same-host QP keeps in flight. Large payloads stay in the
+/// sender's memory (a record of a few dozen bytes each), small ones take
+/// their size in the ring: 128 of 4 KiB are half a MiB, enough for small
+/// messages to stream; a full ring holds a QP back in any case.
+pub(super) const LOCAL_WINDOW: u32 = 128;
 /// Bytes of a ring record before the packet: the segment size its sender
 /// cuts requests into (0: the path MTU), flags, and the number of payload
 /// stretches a cross-memory-attach record lists after the packet.
@@ -76,18 +78,28 @@ pub(super) fn record_room(room: usize) -> usize {
     RECORD_PREFIX + room + IOV_ENTRY * MAX_STRETCHES + 16
 }
 
+/// The largest packet a same-host QP builds (a segment and its headers).
+pub(super) const MAX_LOCAL_PACKET: usize = LOCAL_SEGMENT as usize + 128;
+
 /// How soon a pass looks again at a QP held back by a full ring.
 pub(super) const RING_FULL_RECHECK: Duration = Duration::from_micros(50);
 
+/// Bytes after a cross-memory-attach record's prefix that give the
+/// packet's shape: its length, and where its payload starts.
+const CMA_SHAPE: usize = 8;
+
 /// A packet taken from a ring.
 pub(super) struct RingPacket<'a> {
-    /// The packet (for a cross-memory-attach one, its payload bytes are
-    /// not there: see `remote`).
+    /// The packet; for a cross-memory-attach one, only the bytes before
+    /// its payload (see `remote`).
     pub(super) pkt: &'a [u8],
     /// The segment size its sender cuts requests into (`None`: the MTU).
     pub(super) segment: Option<u32>,
     /// Where its payload lies in the sender's memory, if it is left there.
     pub(super) remote: Option<RemotePayload>,
+    /// With `remote`: the packet's bytes after its payload, and its length.
+    pub(super) trailer: &'a [u8],
+    pub(super) pkt_len: usize,
 }
 
 /// A payload left in a same-host peer's memory.
@@ -119,25 +131,41 @@ impl<'a> RingPacket<'a> {
                 pkt: rest,
                 segment,
                 remote: None,
+                trailer: &[],
+                pkt_len: rest.len(),
             });
         }
-        let pkt_len = rest.len().checked_sub(niov * IOV_ENTRY)?;
-        let (pkt, tail) = rest.split_at(pkt_len);
-        let iovs = tail
-            .chunks_exact(IOV_ENTRY)
-            .map(|e| {
-                let addr = u64::from_le_bytes(e[..8].try_into().unwrap_or_default());
-                let len = u64::from_le_bytes(e[8..].try_into().unwrap_or_default());
-                (addr, len)
-            })
-            .collect();
+        let (shape, rest) = rest.split_at_checked(CMA_SHAPE)?;
+        let pkt_len = u32::from_le_bytes(shape[..4].try_into().ok()?) as usize;
+        let at = u32::from_le_bytes(shape[4..].try_into().ok()?) as usize;
+        let around = rest.len().checked_sub(niov * IOV_ENTRY)?;
+        let (around, tail) = rest.split_at(around);
+        let (pkt, trailer) = around.split_at_checked(at)?;
+        let remote = RemotePayload {
+            pid: i32::try_from(pid).ok()?,
+            iovs: tail
+                .chunks_exact(IOV_ENTRY)
+                .map(|e| {
+                    let addr = u64::from_le_bytes(e[..8].try_into().unwrap_or_default());
+                    let len = u64::from_le_bytes(e[8..].try_into().unwrap_or_default());
+                    (addr, len)
+                })
+                .collect(),
+        };
+        // The pieces must add up to the packet, and it must be one a QP
+        // could have sent (the receiver builds it in a buffer that size).
+        let whole = (at as u64)
+            .checked_add(remote.len())?
+            .checked_add(trailer.len() as u64)?;
+        if whole != pkt_len as u64 || pkt_len > MAX_LOCAL_PACKET {
+            return None;
+        }
         Some(RingPacket {
             pkt,
             segment,
-            remote: Some(RemotePayload {
-                pid: i32::try_from(pid).ok()?,
-                iovs,
-            }),
+            remote: Some(remote),
+            trailer,
+            pkt_len,
         })
     }
 }
@@ -334,31 +362,43 @@ impl Link {
         if by_reference && self.cma && payload >= CMA_MIN {
             // The peer copies the payload itself, straight from our
             // registered memory into its own (one copy): the record holds
-            // the headers and where the payload lies.
+            // the bytes around the payload (headers, ICRC field), the
+            // packet's length and where the payload lies — a few dozen
+            // bytes for a packet of a quarter MiB.
             prefix[4..6].copy_from_slice(&FLAG_CMA.to_le_bytes());
             prefix[6..8].copy_from_slice(&(refs.len() as u16).to_le_bytes());
-            let len = RECORD_PREFIX + pkt.len() + IOV_ENTRY * refs.len();
+            let at = refs[0].at as usize;
+            let end = at + payload;
+            let (head_bytes, tail_bytes) = (&pkt[..at], &pkt[end.min(pkt.len())..]);
+            let mut shape = [0u8; CMA_SHAPE];
+            shape[..4].copy_from_slice(&(pkt.len() as u32).to_le_bytes());
+            shape[4..].copy_from_slice(&(at as u32).to_le_bytes());
+            let len = RECORD_PREFIX
+                + CMA_SHAPE
+                + head_bytes.len()
+                + tail_bytes.len()
+                + IOV_ENTRY * refs.len();
             let pushed = self.tx.push(len, |record| {
                 let (head, rest) = record.split_at_mut(RECORD_PREFIX);
                 head.copy_from_slice(&prefix);
-                let (body, iovs) = rest.split_at_mut(pkt.len());
-                let mut pos = 0;
+                let (sh, rest) = rest.split_at_mut(CMA_SHAPE);
+                sh.copy_from_slice(&shape);
+                let (hb, rest) = rest.split_at_mut(head_bytes.len());
+                hb.copy_from_slice(head_bytes);
+                let (tb, iovs) = rest.split_at_mut(tail_bytes.len());
+                tb.copy_from_slice(tail_bytes);
                 for ((r, w), entry) in refs
                     .iter()
                     .zip(&windows)
                     .zip(iovs.chunks_exact_mut(IOV_ENTRY))
                 {
-                    let at = r.at as usize;
-                    body[pos..at].copy_from_slice(&pkt[pos..at]);
                     let addr = match w {
                         WindowBytes::Owned(bytes) => bytes.as_ptr() as u64,
                         WindowBytes::Foreign(bytes) => bytes.addr(),
                     };
                     entry[..8].copy_from_slice(&addr.to_le_bytes());
                     entry[8..].copy_from_slice(&u64::from(r.len).to_le_bytes());
-                    pos = at + r.len as usize;
                 }
-                body[pos..].copy_from_slice(&pkt[pos..]);
             });
             self.pushed |= pushed;
             return pushed;

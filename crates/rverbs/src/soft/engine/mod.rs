@@ -207,6 +207,9 @@ struct State {
     gsi: Arc<GsiInbox>,
     /// Links to devices of this host (see `local`).
     links: local::Links,
+    /// Where a same-host packet whose payload stays in its sender's memory
+    /// is rebuilt around it (see `rx::receive_local`).
+    local_packet: Vec<u8>,
     /// QPs a full same-host ring held back: a pass looks at them again
     /// after `local::RING_FULL_RECHECK`.
     ring_blocked: Vec<u32>,
@@ -375,6 +378,7 @@ impl Engine {
                 gsi: Arc::new(GsiInbox::new()?),
                 links: local::Links::default(),
                 ring_blocked: Vec::new(),
+                local_packet: Vec::new(),
                 socket_read_at: None,
                 socket_quiet_since: None,
                 #[cfg(feature = "fault-injection")]

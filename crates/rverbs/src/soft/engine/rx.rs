@@ -206,7 +206,20 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) 
                 None => dispatch(st, mem, now, (local, peer), rp.pkt, rp.segment),
                 Some(remote) => {
                     st.stats.local_rx_pulled += 1;
-                    dispatch_pulled(st, mem, now, (local, peer), rp.pkt, rp.segment, &remote)
+                    // The packet around its payload, rebuilt in a buffer of
+                    // ours: the payload's place there is never read (the
+                    // transport's writes of it become copies from the
+                    // sender's memory).
+                    let mut whole = std::mem::take(&mut st.local_packet);
+                    whole.resize(rp.pkt_len.max(whole.len()), 0);
+                    whole[..rp.pkt.len()].copy_from_slice(rp.pkt);
+                    let after = rp.pkt_len - rp.trailer.len();
+                    whole[after..rp.pkt_len].copy_from_slice(rp.trailer);
+                    let pkt = &whole[..rp.pkt_len];
+                    let done =
+                        dispatch_pulled(st, mem, now, (local, peer), pkt, rp.segment, &remote);
+                    st.local_packet = whole;
+                    done
                 }
             };
             link.consume();
