@@ -203,7 +203,7 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) 
             st.stats.rx_packets += 1;
             st.stats.local_rx_packets += 1;
             let completed = match rp.remote {
-                None => dispatch(st, mem, now, (local, peer), rp.pkt, rp.segment),
+                None => dispatch(st, mem, now, (local, peer), rp.pkt, rp.segment, None),
                 Some(remote) => {
                     st.stats.local_rx_pulled += 1;
                     // The packet around its payload, rebuilt in a buffer of
@@ -217,7 +217,7 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) 
                     whole[after..rp.pkt_len].copy_from_slice(rp.trailer);
                     let pkt = &whole[..rp.pkt_len];
                     let done =
-                        dispatch_pulled(st, mem, now, (local, peer), pkt, rp.segment, &remote);
+                        dispatch(st, mem, now, (local, peer), pkt, rp.segment, Some(&remote));
                     st.local_packet = whole;
                     done
                 }
@@ -316,25 +316,32 @@ fn handle_datagram(
         Some(IdSource::Solved) => st.stats.rx_ip_id_solved += 1,
         Some(IdSource::Expected) => {}
     }
-    dispatch(st, mem, now, (local, peer), pkt, None)
+    dispatch(st, mem, now, (local, peer), pkt, None, None)
 }
 
-/// Dispatches a same-host packet whose payload is still in the sender's
-/// memory: the transport's checks run as for any packet, and its writes of
+/// Parses one received packet (its ICRC checked, or from a same-host
+/// ring, which has none to check) and hands it to its QP's transport.
+/// Whether its QP now has completions or events to report.
+///
+/// `remote`: a same-host packet whose payload is still in the sender's
+/// memory. The transport's checks run as for any packet, and its writes of
 /// that payload into registered memory become copies straight from the
 /// sender's (see [`PulledPayload`]).
-fn dispatch_pulled(
+fn dispatch(
     st: &mut State,
     mem: &MrTable,
     now: Instant,
     (local, peer): (SocketAddr, SocketAddr),
     pkt: &[u8],
     segment: Option<u32>,
-    remote: &RemotePayload,
+    remote: Option<&RemotePayload>,
 ) -> bool {
     let Ok(p) = PacketRepr::parse(pkt) else {
         st.stats.rx_malformed += 1;
         return false;
+    };
+    let Some(remote) = remote else {
+        return deliver(st, mem, now, (local, peer), &p, segment);
     };
     if p.payload.len() as u64 != remote.len() {
         st.stats.rx_malformed += 1;
@@ -346,24 +353,6 @@ fn dispatch_pulled(
         remote,
     };
     deliver(st, &pulled, now, (local, peer), &p, segment)
-}
-
-/// Parses one received packet (its ICRC checked, or from a same-host
-/// ring, which has none to check) and hands it to its QP's transport.
-/// Whether its QP now has completions or events to report.
-fn dispatch(
-    st: &mut State,
-    mem: &MrTable,
-    now: Instant,
-    (local, peer): (SocketAddr, SocketAddr),
-    pkt: &[u8],
-    segment: Option<u32>,
-) -> bool {
-    let Ok(p) = PacketRepr::parse(pkt) else {
-        st.stats.rx_malformed += 1;
-        return false;
-    };
-    deliver(st, mem, now, (local, peer), &p, segment)
 }
 
 /// Hands a parsed packet to its QP's transport (or QP 1's MAD port).

@@ -430,12 +430,9 @@ pub(crate) fn scatter_unfaulting(
     offset: u64,
     src: &[u8],
 ) -> Result<(), AccessError> {
-    let mut done = 0;
-    for (key, va, n) in sge_pieces(sges, offset, src.len()) {
-        mem.write_unfaulting(key, va, pd, AccessKind::LocalWrite, &src[done..done + n])?;
-        done += n;
-    }
-    Ok(())
+    scatter_by(sges, offset, src, |key, va, bytes| {
+        mem.write_unfaulting(key, va, pd, AccessKind::LocalWrite, bytes)
+    })
 }
 
 /// Copies `src` into the scatter list `sges`, starting `offset` bytes in.
@@ -447,9 +444,22 @@ pub(crate) fn scatter(
     offset: u64,
     src: &[u8],
 ) -> Result<(), AccessError> {
+    scatter_by(sges, offset, src, |key, va, bytes| {
+        mem.write(key, va, pd, AccessKind::LocalWrite, bytes)
+    })
+}
+
+/// Hands `write` each stretch of `src` with the key and address it goes to
+/// in the scatter list `sges`, starting `offset` bytes in.
+fn scatter_by(
+    sges: &[Sge],
+    offset: u64,
+    src: &[u8],
+    write: impl Fn(u32, u64, &[u8]) -> Result<(), AccessError>,
+) -> Result<(), AccessError> {
     let mut done = 0;
     for (key, va, n) in sge_pieces(sges, offset, src.len()) {
-        mem.write(key, va, pd, AccessKind::LocalWrite, &src[done..done + n])?;
+        write(key, va, &src[done..done + n])?;
         done += n;
     }
     Ok(())
