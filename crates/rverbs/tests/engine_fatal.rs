@@ -125,23 +125,44 @@ fn a_panic_in_a_pass_on_a_polling_thread_fails_the_device() {
     let mut wc = [WorkCompletion::default(); 16];
     let deadline = Instant::now() + Duration::from_secs(20);
     // Each SEND is received by whichever thread gets to it first; one the
-    // polling thread receives is the one that panics.
-    let mut sent = 0;
-    while !da.has_failed() {
-        assert!(
-            sent < SENDS && Instant::now() < deadline,
-            "{sent} SENDs received and no panic on the polling thread"
-        );
-        b.qp.post_send(&SendWr::new(sent, WrOpcode::Send, &data))
-            .unwrap();
-        sent += 1;
-        let until = Instant::now() + Duration::from_secs(5);
-        while !da.has_failed() && Instant::now() < until {
-            if a.cq.poll(&mut wc).unwrap() > 0 {
-                break;
+    // polling thread receives is the one that panics. The SENDs come from
+    // another thread while this one busy-polls (the engine thread then
+    // leaves the device's packets to it): posted from this thread between
+    // polls, a same-host ring's doorbell woke the sleeping engine thread,
+    // which took each SEND before the poll began.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let sent = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                && sent.load(std::sync::atomic::Ordering::SeqCst) < SENDS
+            {
+                std::thread::sleep(Duration::from_millis(20));
+                let n = sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if b.qp
+                    .post_send(&SendWr::new(n, WrOpcode::Send, &data))
+                    .is_err()
+                {
+                    return;
+                }
             }
+        });
+        while !da.has_failed() {
+            let n = sent.load(std::sync::atomic::Ordering::SeqCst);
+            if n >= SENDS || Instant::now() >= deadline {
+                // Let the last SEND arrive before giving up.
+                std::thread::sleep(Duration::from_millis(200));
+                let _ = a.cq.poll(&mut wc);
+                if da.has_failed() {
+                    break;
+                }
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                panic!("{n} SENDs received and no panic on the polling thread");
+            }
+            let _ = a.cq.poll(&mut wc);
         }
-    }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
     expect_device_fatal(&a, "polling thread panic");
     expect_failed(&da, &a, "polling thread panic");
 }
