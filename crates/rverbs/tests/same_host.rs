@@ -51,7 +51,7 @@ use rverbs::{
 };
 
 mod common;
-use common::{sge, wait_n};
+use common::{sge, ud_qp, wait_n};
 
 /// Names the part a child process plays (unset in the parent).
 const ROLE: &str = "RVERBS_SAME_HOST_TEST_ROLE";
@@ -968,24 +968,6 @@ fn eight_qps_stream_over_one_link_without_loss() {
     }
     assert_eq!(sa.seq_naks_received + sb.seq_naks_received, 0, "{report}");
     assert_eq!(sa.tx_errors + sb.tx_errors, 0, "{report}");
-}
-
-/// A UD QP with room for a few SGEs and inline data, at RTS.
-fn ud_qp(pd: &ProtectionDomain, cq: &CompletionQueue, qkey: u32) -> QueuePair {
-    let qp = pd
-        .qp_builder(cq, cq)
-        .qp_type(QpType::Ud)
-        .caps(QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            max_send_sge: 2,
-            max_recv_sge: 2,
-            max_inline_data: 64,
-        })
-        .build()
-        .unwrap();
-    common::ud_to_rts(&qp, qkey);
-    qp
 }
 
 /// UD between two devices that an RC QP pair linked: a datagram arrives

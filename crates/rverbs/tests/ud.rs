@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use rverbs::{
     devices, AccessFlags, AddressHandle, AhAttr, CompletionQueue, Context, ErrorKind, MemoryRegion,
-    ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState, QpType, QueuePair, RecvWr, SendWr,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    ProtectionDomain, QpAttr, QpAttrMask, QpState, QpType, QueuePair, RecvWr, SendWr, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 mod common;
-use common::sge;
+use common::{sge, ud_qp};
 
 const QKEY: u32 = 0x1111_2222;
 const GRH: usize = 40;
@@ -22,23 +22,6 @@ struct Side {
     cq: CompletionQueue,
     qp: QueuePair,
     mr: MemoryRegion,
-}
-
-fn ud_qp(pd: &ProtectionDomain, cq: &CompletionQueue, qkey: u32) -> QueuePair {
-    let qp = pd
-        .qp_builder(cq, cq)
-        .qp_type(QpType::Ud)
-        .caps(QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            max_send_sge: 2,
-            max_recv_sge: 2,
-            max_inline_data: 64,
-        })
-        .build()
-        .unwrap();
-    common::ud_to_rts(&qp, qkey);
-    qp
 }
 
 fn side(ctx: Context) -> Side {

@@ -92,6 +92,29 @@ impl Drop for Namespaces {
     }
 }
 
+/// A UD QP on `pd` and `cq` with room for a few SGEs and inline data,
+/// brought to RTS with Q_Key `qkey`.
+pub fn ud_qp(
+    pd: &rverbs::ProtectionDomain,
+    cq: &rverbs::CompletionQueue,
+    qkey: u32,
+) -> rverbs::QueuePair {
+    let qp = pd
+        .qp_builder(cq, cq)
+        .qp_type(rverbs::QpType::Ud)
+        .caps(rverbs::QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        })
+        .build()
+        .unwrap();
+    ud_to_rts(&qp, qkey);
+    qp
+}
+
 /// Brings a UD QP from RESET to RTS with Q_Key `qkey` (port 1, P_Key
 /// index 0, send PSN 0x1234).
 pub fn ud_to_rts(qp: &rverbs::QueuePair, qkey: u32) {

@@ -30,13 +30,12 @@ use rverbs_wire::icrc::ROCE_V2_PORT;
 use smallvec::SmallVec;
 use std::os::fd::AsRawFd;
 
+use super::tx::with_payload_windows;
 use super::{peer_endpoint, Engine, State};
 use crate::soft::local::handshake::{self, LocalListener, Refusal};
 use crate::soft::local::ring::{Consumer, Producer, RingPair, RingWatch, DEFAULT_RING_BYTES};
 use crate::soft::local::LinkSetup;
-use crate::soft::memory::{
-    AccessError, AccessKind, MrCore, MrTable, MwError, Resolved, WindowBytes,
-};
+use crate::soft::memory::{AccessError, AccessKind, MrTable, MwError, Resolved, WindowBytes};
 use crate::soft::sys;
 use crate::soft::transport::PayloadRef;
 use crate::soft::transport::{AtomicOp, Memory};
@@ -219,8 +218,6 @@ pub(super) struct Link {
 pub(super) struct Links {
     /// Oldest first: QPs send on the first link to their peer's device.
     pub(super) list: Vec<Link>,
-    /// Bumped when a link is added.
-    pub(super) generation: u64,
     /// The link a receive pass starts at (each pass the next one, so a
     /// busy peer does not starve the others).
     pub(super) rx_next: usize,
@@ -340,74 +337,86 @@ impl Link {
             self.pushed |= pushed;
             return pushed;
         }
-        let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
-        for r in refs {
-            if mrs.iter().all(|(k, _)| *k != r.key) {
-                let Ok(mr) = mem.mr(r.key) else { return false };
-                mrs.push((r.key, mr));
-            }
-        }
-        let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
-        let mut windows: SmallVec<[WindowBytes<'_>; 4]> = SmallVec::new();
-        for r in refs {
-            let Some(m) = mrs.iter().position(|(k, _)| *k == r.key) else {
+        let pushed = with_payload_windows(mem, refs, |windows| {
+            let windows: SmallVec<[&WindowBytes<'_>; 4]> = windows.iter().flatten().collect();
+            if windows.len() != refs.len() {
+                // An MR deregistered since the packet was built.
                 return false;
-            };
-            match guards[m].keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd)) {
-                Ok(w) => windows.push(w.into_bytes()),
-                Err(_) => return false,
             }
-        }
-        let payload: usize = refs.iter().map(|r| r.len as usize).sum();
-        if by_reference && self.cma && payload >= CMA_MIN {
-            // The peer copies the payload itself, straight from our
-            // registered memory into its own (one copy): the record holds
-            // the bytes around the payload (headers, ICRC field), the
-            // packet's length and where the payload lies — a few dozen
-            // bytes for a packet of a quarter MiB.
-            prefix[4..6].copy_from_slice(&FLAG_CMA.to_le_bytes());
-            prefix[6..8].copy_from_slice(&(refs.len() as u16).to_le_bytes());
-            let at = refs[0].at as usize;
-            let end = at + payload;
-            let (head_bytes, tail_bytes) = (&pkt[..at], &pkt[end.min(pkt.len())..]);
-            let mut shape = [0u8; CMA_SHAPE];
-            shape[..4].copy_from_slice(&(pkt.len() as u32).to_le_bytes());
-            shape[4..].copy_from_slice(&(at as u32).to_le_bytes());
-            let len = RECORD_PREFIX
-                + CMA_SHAPE
-                + head_bytes.len()
-                + tail_bytes.len()
-                + IOV_ENTRY * refs.len();
-            let pushed = self.tx.push(len, |record| {
-                let (head, rest) = record.split_at_mut(RECORD_PREFIX);
-                head.copy_from_slice(&prefix);
-                let (sh, rest) = rest.split_at_mut(CMA_SHAPE);
-                sh.copy_from_slice(&shape);
-                let (hb, rest) = rest.split_at_mut(head_bytes.len());
-                hb.copy_from_slice(head_bytes);
-                let (tb, iovs) = rest.split_at_mut(tail_bytes.len());
-                tb.copy_from_slice(tail_bytes);
-                for ((r, w), entry) in refs
-                    .iter()
-                    .zip(&windows)
-                    .zip(iovs.chunks_exact_mut(IOV_ENTRY))
-                {
-                    let addr = match w {
-                        WindowBytes::Owned(bytes) => bytes.as_ptr() as u64,
-                        WindowBytes::Foreign(bytes) => bytes.addr(),
-                    };
-                    entry[..8].copy_from_slice(&addr.to_le_bytes());
-                    entry[8..].copy_from_slice(&u64::from(r.len).to_le_bytes());
-                }
-            });
-            self.pushed |= pushed;
-            return pushed;
-        }
-        let pushed = self.tx.push(RECORD_PREFIX + pkt.len(), |record| {
+            let payload: usize = refs.iter().map(|r| r.len as usize).sum();
+            if by_reference && self.cma && payload >= CMA_MIN {
+                self.push_by_reference(&mut prefix, pkt, refs, &windows, payload)
+            } else {
+                self.push_copied(&prefix, pkt, refs, &windows)
+            }
+        });
+        self.pushed |= pushed;
+        pushed
+    }
+
+    /// Pushes a packet whose payload the peer copies itself, straight from
+    /// our registered memory into its own (one copy): the record holds the
+    /// bytes around the payload (headers, ICRC field), the packet's length
+    /// and where the payload lies — a few dozen bytes for a packet of a
+    /// quarter MiB.
+    fn push_by_reference(
+        &mut self,
+        prefix: &mut [u8; RECORD_PREFIX],
+        pkt: &[u8],
+        refs: &[PayloadRef],
+        windows: &[&WindowBytes<'_>],
+        payload: usize,
+    ) -> bool {
+        prefix[4..6].copy_from_slice(&FLAG_CMA.to_le_bytes());
+        prefix[6..8].copy_from_slice(&(refs.len() as u16).to_le_bytes());
+        let at = refs[0].at as usize;
+        let end = at + payload;
+        let (head_bytes, tail_bytes) = (&pkt[..at], &pkt[end.min(pkt.len())..]);
+        let mut shape = [0u8; CMA_SHAPE];
+        shape[..4].copy_from_slice(&(pkt.len() as u32).to_le_bytes());
+        shape[4..].copy_from_slice(&(at as u32).to_le_bytes());
+        let len = RECORD_PREFIX
+            + CMA_SHAPE
+            + head_bytes.len()
+            + tail_bytes.len()
+            + IOV_ENTRY * refs.len();
+        self.tx.push(len, |record| {
+            let (head, rest) = record.split_at_mut(RECORD_PREFIX);
+            head.copy_from_slice(prefix);
+            let (sh, rest) = rest.split_at_mut(CMA_SHAPE);
+            sh.copy_from_slice(&shape);
+            let (hb, rest) = rest.split_at_mut(head_bytes.len());
+            hb.copy_from_slice(head_bytes);
+            let (tb, iovs) = rest.split_at_mut(tail_bytes.len());
+            tb.copy_from_slice(tail_bytes);
+            for ((r, w), entry) in refs
+                .iter()
+                .zip(windows)
+                .zip(iovs.chunks_exact_mut(IOV_ENTRY))
+            {
+                let addr = match w {
+                    WindowBytes::Owned(bytes) => bytes.as_ptr() as u64,
+                    WindowBytes::Foreign(bytes) => bytes.addr(),
+                };
+                entry[..8].copy_from_slice(&addr.to_le_bytes());
+                entry[8..].copy_from_slice(&u64::from(r.len).to_le_bytes());
+            }
+        })
+    }
+
+    /// Pushes a packet with its payload copied into the record.
+    fn push_copied(
+        &mut self,
+        prefix: &[u8; RECORD_PREFIX],
+        pkt: &[u8],
+        refs: &[PayloadRef],
+        windows: &[&WindowBytes<'_>],
+    ) -> bool {
+        self.tx.push(RECORD_PREFIX + pkt.len(), |record| {
             let (head, body) = record.split_at_mut(RECORD_PREFIX);
-            head.copy_from_slice(&prefix);
+            head.copy_from_slice(prefix);
             let mut pos = 0;
-            for (r, w) in refs.iter().zip(&windows) {
+            for (r, w) in refs.iter().zip(windows) {
                 let at = r.at as usize;
                 body[pos..at].copy_from_slice(&pkt[pos..at]);
                 let end = at + r.len as usize;
@@ -420,9 +429,7 @@ impl Link {
                 pos = end;
             }
             body[pos..].copy_from_slice(&pkt[pos..]);
-        });
-        self.pushed |= pushed;
-        pushed
+        })
     }
 
     /// Where this side's records end now (compare with what the reader
@@ -434,16 +441,11 @@ impl Link {
     /// The next packet from the peer, in place (see `Consumer::peek`),
     /// with the segment size its sender cuts requests into (`None`: the
     /// path MTU) and, for a payload the peer left in its own memory, where
-    /// it lies there. A record that does not parse is skipped.
-    pub(super) fn next_record(&mut self) -> Option<RingPacket<'_>> {
-        loop {
-            let ok = RingPacket::parse(self.rx.peek()?, self.peer_pid).is_some();
-            if ok {
-                break;
-            }
-            self.rx.consume();
-        }
-        RingPacket::parse(self.rx.peek()?, self.peer_pid)
+    /// it lies there; `Some(None)` for a record that does not parse, which
+    /// the caller skips with [`consume`](Self::consume) like any other.
+    pub(super) fn next_record(&mut self) -> Option<Option<RingPacket<'_>>> {
+        let pid = self.peer_pid;
+        self.rx.peek().map(|record| RingPacket::parse(record, pid))
     }
 
     /// Done with the record [`next_record`](Self::next_record) gave.
@@ -650,7 +652,6 @@ impl Engine {
                     conn: setup.conn,
                 };
                 st.links.list.push(link);
-                st.links.generation += 1;
                 st.links.refused.retain(|(a, _)| *a != setup.peer_addr);
                 st.stats.local_links += 1;
                 if !setup.cma {
@@ -661,7 +662,7 @@ impl Engine {
             .unwrap_or(false);
         // Threads asleep now do not count as the new ring's sleepers: they
         // look again (the engine thread, and parked pollers, which also
-        // compare the links' generation before they sleep).
+        // compare `links_changed` before they sleep).
         self.links_changed
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = self.waker.write(1);

@@ -196,8 +196,13 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) 
                     break 'links;
                 }
             }
-            let Some(rp) = link.next_record() else {
+            let Some(next) = link.next_record() else {
                 continue 'links;
+            };
+            let Some(rp) = next else {
+                // A record that does not parse: skipped.
+                link.consume();
+                continue;
             };
             taken += 1;
             st.stats.rx_packets += 1;
@@ -230,8 +235,6 @@ fn receive_local(st: &mut State, mem: &MrTable, driver: Driver, start: Instant) 
         }
         break;
     }
-    // Links made meanwhile (none: the lock is held) would be kept.
-    links.append(&mut st.links.list);
     st.links.list = links;
     let dry = !stop && !out_of_time && taken < LOCAL_RX_BUDGET;
     if taken > 0 {

@@ -172,16 +172,21 @@ impl Sender<'_> {
         refs: &[PayloadRef],
     ) {
         let Some(sock) = self.socket else { return };
-        // Pin the memory: each MR once, under its read lock.
-        let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
-        for r in refs {
-            if mrs.iter().all(|(k, _)| *k != r.key) {
-                if let Ok(mr) = mem.mr(r.key) {
-                    mrs.push((r.key, mr));
-                }
-            }
-        }
-        let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
+        with_payload_windows(mem, refs, |windows| {
+            self.send_windows(buf, sends, pkts, refs, windows, sock)
+        });
+    }
+
+    /// [`send_all`](Self::send_all) with the references' windows open.
+    fn send_windows(
+        &mut self,
+        buf: &mut [u8],
+        sends: &[PendingSend],
+        pkts: &[TxPacket],
+        refs: &[PayloadRef],
+        windows: &[Option<WindowBytes<'_>>],
+        sock: &UdpSocket,
+    ) {
         // A reference whose MR was deregistered (or whose window no longer
         // checks) since its packet was built loses its batch: the
         // retransmission fails the WR with a protection error. Memory the
@@ -194,19 +199,14 @@ impl Sender<'_> {
         let mut pkt_at = 0;
         for p in pkts {
             for i in p.refs.clone() {
-                let r = &refs[i];
-                let Some(window) = mrs.iter().position(|(k, _)| *k == r.key).and_then(|m| {
-                    guards[m]
-                        .keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd))
-                        .ok()
-                }) else {
+                let Some(window) = &windows[i] else {
                     continue;
                 };
                 lost[i] = false;
-                payloads[i] = match window.into_bytes() {
-                    WindowBytes::Owned(bytes) => Some(bytes),
+                payloads[i] = match window {
+                    WindowBytes::Owned(bytes) => Some(*bytes),
                     WindowBytes::Foreign(bytes) => {
-                        let at = pkt_at + r.at as usize;
+                        let at = pkt_at + refs[i].at as usize;
                         bytes.copy_to(&mut buf[at..at + bytes.len()]);
                         None
                     }
@@ -313,8 +313,6 @@ impl Sender<'_> {
             }
             self.transmit(sock, &to, &iov, &out[first..]);
         }
-        drop(payloads);
-        drop(guards);
     }
 
     /// Hands `out` to the kernel, [`sys::MAX_DATAGRAMS`] per call. A full
@@ -369,6 +367,38 @@ impl Sender<'_> {
         }
         None
     }
+}
+
+/// Opens a read window on each payload reference — each MR looked up once
+/// and read-locked for the call — and hands them to `f`, in order: `None`
+/// where a reference no longer checks (its MR deregistered, or its window
+/// revoked, since the packet was built). What the windows lend is valid
+/// inside `f` only.
+pub(super) fn with_payload_windows<R>(
+    mem: &MrTable,
+    refs: &[PayloadRef],
+    f: impl FnOnce(&[Option<WindowBytes<'_>>]) -> R,
+) -> R {
+    let mut mrs: SmallVec<[(u32, Arc<MrCore>); 2]> = SmallVec::new();
+    for r in refs {
+        if mrs.iter().all(|(k, _)| *k != r.key) {
+            if let Ok(mr) = mem.mr(r.key) {
+                mrs.push((r.key, mr));
+            }
+        }
+    }
+    let guards: SmallVec<[_; 2]> = mrs.iter().map(|(_, mr)| mr.read()).collect();
+    let windows: SmallVec<[Option<WindowBytes<'_>>; MAX_BATCH_SEGMENTS]> = refs
+        .iter()
+        .map(|r| {
+            let m = mrs.iter().position(|(k, _)| *k == r.key)?;
+            guards[m]
+                .keyed_read_window(r.key, r.va, r.len as usize, r.kind, Some(r.pd))
+                .ok()
+                .map(|w| w.into_bytes())
+        })
+        .collect();
+    f(&windows)
 }
 
 /// The smallest path MTU (IBTA), for the most QPs some free room may serve.
