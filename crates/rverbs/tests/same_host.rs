@@ -731,6 +731,13 @@ fn rc_between_two_processes_goes_through_the_ring() {
     assert!(theirs["local_qps"] >= 1, "{report}");
     assert!(theirs["local_rx_packets"] > 0, "{report}");
     assert_eq!(theirs["tx_sends"], 0, "{report}");
+    // The peer's engine thread sleeps while the peer waits for a command,
+    // so our first packets rang its doorbell, which woke it.
+    assert!(
+        after.local_doorbells_sent > before.local_doorbells_sent,
+        "{report}"
+    );
+    assert!(theirs["local_doorbells_received"] > 0, "{report}");
 }
 
 /// A child with `RVERBS_SAME_HOST=0` has no same-host listener: this

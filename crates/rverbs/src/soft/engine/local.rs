@@ -17,11 +17,12 @@
 //! Waking: a thread that sleeps waiting for packets (the engine thread, a
 //! parked poller) first counts itself in each ring's sleepers and looks at
 //! the rings once more; a sender that pushed into a ring whose consumer
-//! sleeps sends the peer's socket an empty datagram — the doorbell — which
-//! every sleeper of the peer watches already.
+//! sleeps writes the peer device's doorbell, an eventfd the peer passed in
+//! the handshake and every sleeper of the peer watches; the one that wakes
+//! clears it.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ use smallvec::SmallVec;
 use std::os::fd::AsRawFd;
 
 use super::tx::with_payload_windows;
-use super::{peer_endpoint, Engine, State};
+use super::{Engine, State};
 use crate::soft::local::handshake::{self, LocalListener, Refusal};
 use crate::soft::local::ring::{Consumer, Producer, RingPair, RingWatch, DEFAULT_RING_BYTES};
 use crate::soft::local::LinkSetup;
@@ -211,6 +212,8 @@ pub(super) struct Link {
     reader_seen: Option<(u64, Instant)>,
     /// The handshake's connection: end-of-file once the peer is gone.
     conn: OwnedFd,
+    /// The peer device's doorbell (an eventfd).
+    doorbell: OwnedFd,
 }
 
 /// The engine's links and what it remembers of handshakes.
@@ -461,26 +464,31 @@ impl Link {
 }
 
 /// Rings the doorbell of every link a pass pushed into whose consumer
-/// sleeps: an empty datagram to the peer device's socket.
+/// sleeps: adds one to the peer device's eventfd.
 pub(super) fn ring_doorbells(st: &mut State) {
-    let State {
-        links,
-        socket,
-        stats,
-        ..
-    } = st;
+    let State { links, stats, .. } = st;
     for link in &mut links.list {
         if link.pushed && link.tx.peer_sleeping() {
-            // A doorbell that could not be sent is tried again next pass.
-            if let Some(s) = socket.as_ref() {
-                if s.send_to(&[], peer_endpoint(link.peer)).is_ok() {
+            match nix::unistd::write(&link.doorbell, &1u64.to_ne_bytes()) {
+                // EAGAIN: the count is at its maximum, so it is readable.
+                Ok(_) | Err(nix::errno::Errno::EAGAIN) => {
                     stats.local_doorbells_sent += 1;
                     link.pushed = false;
                 }
+                // Tried again next pass.
+                Err(_) => {}
             }
         } else {
             link.pushed = false;
         }
+    }
+}
+
+/// Clears the device's doorbell after a sleeper saw it readable (the
+/// records it announced are drained by the pass that follows).
+pub(super) fn doorbell_heard(engine: &Engine) {
+    if engine.doorbell.read().is_ok() {
+        let _ = engine.locked(|st| st.stats.local_doorbells_received += 1);
     }
 }
 
@@ -492,7 +500,14 @@ impl Engine {
             return;
         }
         let weak: Weak<Engine> = Arc::downgrade(self);
-        match LocalListener::start(self.local_addr.ip(), move |setup| {
+        let doorbell = match self.doorbell.as_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::debug!(local = %self.local_addr, "no same-host listener ({e})");
+                return;
+            }
+        };
+        match LocalListener::start(self.local_addr.ip(), doorbell, move |setup| {
             if let Some(engine) = weak.upgrade() {
                 engine.install_link(setup);
             }
@@ -591,7 +606,14 @@ impl Engine {
             Ok(None) => {}
             Err(_) => return false,
         }
-        match handshake::connect(local, peer, DEFAULT_RING_BYTES, HANDSHAKE_TIMEOUT) {
+        let dialled = handshake::connect(
+            local,
+            peer,
+            DEFAULT_RING_BYTES,
+            HANDSHAKE_TIMEOUT,
+            self.doorbell.as_fd(),
+        );
+        match dialled {
             Ok(setup) => {
                 let linked = self.install_link(setup);
                 if linked {
@@ -650,6 +672,7 @@ impl Engine {
                     peer_pid: setup.peer_pid,
                     reader_seen: None,
                     conn: setup.conn,
+                    doorbell: setup.peer_doorbell,
                 };
                 st.links.list.push(link);
                 st.links.refused.retain(|(a, _)| *a != setup.peer_addr);

@@ -264,6 +264,11 @@ pub(crate) struct Engine {
     /// The socket's address (for the log).
     local_addr: SocketAddr,
     waker: EventFd,
+    /// The device's doorbell for its same-host links: given to each peer,
+    /// which writes it when it pushed records into a ring whose consumer
+    /// (this device's engine thread or a parked poller) sleeps; those
+    /// sleepers watch it.
+    doorbell: EventFd,
     thread_started: AtomicBool,
     stopped: AtomicBool,
     /// Registered memory, which every access goes through.
@@ -351,6 +356,7 @@ impl Engine {
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        let doorbell = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Engine {
             state: Mutex::new(State {
                 socket: Some(socket),
@@ -389,6 +395,7 @@ impl Engine {
             failure_hook: OnceLock::new(),
             local_addr: local,
             waker,
+            doorbell,
             mrs,
             limits,
             ifindex,
@@ -756,13 +763,12 @@ impl Engine {
         self.busy_poll_until.fetch_max(until, Ordering::SeqCst);
     }
 
-    /// Whether the threads that poll may be behind the socket: one of them
-    /// is parked (woken, it may not be on a core yet), or none polled
-    /// within [`thread::WATCHDOG`].
+    /// Whether the threads that poll may be behind the socket: none polled
+    /// within [`thread::WATCHDOG`] (one parked that long, woken now, may
+    /// not be on a core yet). A poller parked for less is not: taking its
+    /// packets from it only made the engine thread preempt the pollers of
+    /// a crowded host.
     fn pollers_lag(&self, now: Instant) -> bool {
-        if self.parked.load(Ordering::SeqCst) > 0 {
-            return true;
-        }
         let last = self.last_poll.load(Ordering::Relaxed);
         self.nanos_at(now).saturating_sub(last) > thread::WATCHDOG_NANOS
     }

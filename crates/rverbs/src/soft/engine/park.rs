@@ -430,7 +430,8 @@ impl Engine {
     pub(crate) fn park(&self, now: Instant, cq: u64, ready: impl Fn() -> bool) -> Parked {
         let pushed = self.pushed();
         let links = self.links_changed.load(Ordering::SeqCst);
-        // The socket, the bell, and the multicast groups' sockets.
+        // The socket, the bell, the same-host doorbell, and the multicast
+        // groups' sockets.
         let mut fds: SmallVec<[RawFd; 4]> = SmallVec::new();
         // And the rings of same-host links.
         let mut rings: SmallVec<[RingWatch; 4]> = SmallVec::new();
@@ -440,6 +441,7 @@ impl Engine {
             let fd = st.socket.as_ref().map(AsRawFd::as_raw_fd)?;
             fds.push(fd);
             fds.push(self.bell.fd.as_fd().as_raw_fd());
+            fds.push(self.doorbell.as_fd().as_raw_fd());
             fds.extend(multicast::raw_fds(st));
             Some(next_deadline(st))
         });
@@ -468,6 +470,9 @@ impl Engine {
             if !records && self.links_changed.load(Ordering::SeqCst) == links {
                 let readable = sys::wait_readable(&fds, wait);
                 rung = readable & 2 != 0;
+                if readable & 4 != 0 {
+                    local::doorbell_heard(self);
+                }
                 slept = true;
                 if readable == 0 && wait >= STALL_MIN {
                     PARK_RAN_OUT.set(Some(cq));

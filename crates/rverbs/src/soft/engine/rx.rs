@@ -106,12 +106,6 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Inst
         let Some(peer) = from.as_ref().and_then(sockaddr) else {
             continue;
         };
-        if n == 0 && st.links.to(peer.ip()).is_some() {
-            // A same-host peer's doorbell: its records are in the ring,
-            // which the next pass drains (`next_deadline` sees them).
-            st.stats.local_doorbells_received += 1;
-            continue;
-        }
         st.stats.rx_recvs += 1;
         // Not quiet (set here: the pass may return early, below).
         st.socket_quiet_since = None;

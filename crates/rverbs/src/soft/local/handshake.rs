@@ -9,18 +9,26 @@
 //! [`LinkSetup`]; a dial that does not end in one says why ([`Refusal`]),
 //! and the QP then uses the wire.
 //!
-//! The protocol (version 1) is three fixed-size messages over a
+//! The protocol (version 2) is three fixed-size messages over a
 //! `SOCK_SEQPACKET` connection, each [`MESSAGE_LEN`] bytes, little-endian,
 //! starting with a magic and the version:
 //!
 //! 1. HELLO, initiator → acceptor: its address and the address it dialled,
-//!    the address and value of its process's CMA cookie, and the shared
-//!    memory of the link's two rings (`SCM_RIGHTS`, made by
-//!    [`create_shm`]);
-//! 2. WELCOME, acceptor → initiator: the same about the acceptor, and
-//!    whether it could read the initiator's cookie with `process_vm_readv`;
+//!    the address and value of its process's CMA cookie, and (`SCM_RIGHTS`)
+//!    the shared memory of the link's two rings (made by [`create_shm`])
+//!    and its device's doorbell;
+//! 2. WELCOME, acceptor → initiator: the same about the acceptor (its
+//!    doorbell, no memory), and whether it could read the initiator's
+//!    cookie with `process_vm_readv`;
 //! 3. CONFIRM, initiator → acceptor: whether the initiator could read the
 //!    acceptor's.
+//!
+//! A doorbell is an eventfd its device's sleepers watch: a producer that
+//! pushed records while the ring's consumer sleeps writes the peer's. (It
+//! used to be an empty datagram to the peer's UDP socket, which cost four
+//! ping-pong pairs on two cores a third of their CPU in the kernel's UDP
+//! path.) A received doorbell must be an anonymous inode (an eventfd), not
+//! a file: a peer's doorbell is only ever written eight bytes.
 //!
 //! The connection then stays open, in [`LinkSetup::conn`]: it reads end
 //! of file when the peer's device goes away. Either side may instead send
@@ -45,7 +53,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -71,7 +79,7 @@ const SOCKET_PREFIX: &str = "rverbs-local/";
 /// First 8 bytes of every message: "rverbsLH" (local handshake).
 const MAGIC: u64 = u64::from_le_bytes(*b"rverbsLH");
 /// The protocol's version.
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Bytes of every message.
 const MESSAGE_LEN: usize = 88;
 /// The longest the acceptor spends on one connection.
@@ -363,20 +371,12 @@ fn check_peer(conn: &OwnedFd) -> Result<u32, Refusal> {
     Ok(u32::try_from(cred.pid()).unwrap_or(0))
 }
 
-/// Sends `msg` (and `fd`, if given) without blocking.
-fn send(conn: &OwnedFd, msg: &Message, fd: Option<RawFd>) -> Result<(), Refusal> {
+/// Sends `msg` (and `fds`, if any) without blocking.
+fn send(conn: &OwnedFd, msg: &Message, fds: &[RawFd]) -> Result<(), Refusal> {
     let bytes = msg.encode();
     let iov = [IoSlice::new(&bytes)];
-    let fds: [RawFd; 1];
-    let rights: [ControlMessage<'_>; 1];
-    let cmsgs: &[ControlMessage<'_>] = match fd {
-        Some(fd) => {
-            fds = [fd];
-            rights = [ControlMessage::ScmRights(&fds)];
-            &rights
-        }
-        None => &[],
-    };
+    let rights = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
     loop {
         let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
         match sendmsg::<()>(conn.as_raw_fd(), &iov, cmsgs, flags, None) {
@@ -394,7 +394,7 @@ fn send_refusal(conn: &OwnedFd, own: IpAddr, peer: IpAddr, why: Refusal) {
     (msg.reason, msg.errno) = why.to_wire();
     msg.cookie_addr = 0;
     msg.cookie = [0; COOKIE_LEN];
-    let _ = send(conn, &msg, None);
+    let _ = send(conn, &msg, &[]);
 }
 
 /// Waits (until `deadline`, or until `stopping` is set) for the next
@@ -475,6 +475,16 @@ fn receive_now(conn: &OwnedFd) -> Result<(Message, Vec<OwnedFd>), Refusal> {
     Ok((Message::decode(&buf[..len])?, fds))
 }
 
+/// Checks that a peer's doorbell is an anonymous inode (an eventfd), not
+/// a file, pipe or socket that eight-byte writes would fill.
+fn check_doorbell(fd: &OwnedFd) -> Result<(), Refusal> {
+    let st = nix::sys::stat::fstat(fd).map_err(Refusal::Io)?;
+    if st.st_mode & nix::libc::S_IFMT != 0 {
+        return Err(Refusal::Protocol);
+    }
+    Ok(())
+}
+
 /// Dials the device at `peer`, waiting for room in its backlog until
 /// `deadline`.
 fn dial(peer: IpAddr, deadline: Instant) -> Result<OwnedFd, Refusal> {
@@ -509,14 +519,16 @@ fn dial(peer: IpAddr, deadline: Instant) -> Result<OwnedFd, Refusal> {
 }
 
 /// The initiator's half: dials the device at `peer` for the device at
-/// `local`, and agrees a link whose rings hold `ring_bytes` each, within
-/// `timeout` (it blocks meanwhile: a few system calls each way when the
-/// peer answers). The shared memory is made here and passed.
+/// `local`, whose doorbell is `doorbell`, and agrees a link whose rings
+/// hold `ring_bytes` each, within `timeout` (it blocks meanwhile: a few
+/// system calls each way when the peer answers). The shared memory is
+/// made here and passed.
 pub(crate) fn connect(
     local: IpAddr,
     peer: IpAddr,
     ring_bytes: usize,
     timeout: Duration,
+    doorbell: BorrowedFd<'_>,
 ) -> Result<LinkSetup, Refusal> {
     let (local, peer) = (local.to_canonical(), peer.to_canonical());
     let now = Instant::now();
@@ -529,13 +541,10 @@ pub(crate) fn connect(
     send(
         &conn,
         &Message::new(Kind::Hello, local, peer),
-        Some(shm.as_raw_fd()),
+        &[shm.as_raw_fd(), doorbell.as_raw_fd()],
     )?;
     let agreed = (|| {
-        let (welcome, fds) = receive(&conn, deadline, None)?;
-        if !fds.is_empty() {
-            return Err(Refusal::Protocol);
-        }
+        let (welcome, mut fds) = receive(&conn, deadline, None)?;
         match welcome.kind {
             Kind::Welcome => {}
             Kind::Refuse => {
@@ -544,18 +553,21 @@ pub(crate) fn connect(
             }
             Kind::Hello | Kind::Confirm => return Err(Refusal::Protocol),
         }
-        if welcome.from != peer || welcome.to != local {
+        if welcome.from != peer || welcome.to != local || fds.len() != 1 {
             return Err(Refusal::Protocol);
         }
+        let peer_doorbell = fds.pop().ok_or(Refusal::Protocol)?;
+        check_doorbell(&peer_doorbell)?;
         let ours = probe_cma(peer_pid, welcome.cookie_addr, &welcome.cookie).err();
         let mut confirm = Message::new(Kind::Confirm, local, peer);
         confirm.errno = ours.map_or(0, |e| e as i32);
-        send(&conn, &confirm, None)?;
-        Ok(ours.or(welcome.probe_error()))
+        send(&conn, &confirm, &[])?;
+        Ok((peer_doorbell, ours.or(welcome.probe_error())))
     })();
     match agreed {
-        Ok(cma_refused) => Ok(LinkSetup {
+        Ok((peer_doorbell, cma_refused)) => Ok(LinkSetup {
             shm,
+            peer_doorbell,
             initiator: true,
             peer_addr: peer,
             peer_pid,
@@ -571,35 +583,50 @@ pub(crate) fn connect(
 }
 
 /// The acceptor's half, on a connection `conn` to the device at `own`,
-/// within [`ACCEPT_TIME`] (or until `stopping`).
-fn accept_link(conn: OwnedFd, own: IpAddr, stopping: &AtomicBool) -> Result<LinkSetup, Refusal> {
+/// whose doorbell is `doorbell`, within [`ACCEPT_TIME`] (or until
+/// `stopping`).
+fn accept_link(
+    conn: OwnedFd,
+    own: IpAddr,
+    doorbell: BorrowedFd<'_>,
+    stopping: &AtomicBool,
+) -> Result<LinkSetup, Refusal> {
     let deadline = Instant::now() + ACCEPT_TIME;
     let mut peer_addr = None;
     let agreed = (|| {
         let peer_pid = check_peer(&conn)?;
         let (hello, mut fds) = receive(&conn, deadline, Some(stopping))?;
-        if hello.kind != Kind::Hello || hello.to != own || fds.len() != 1 {
+        if hello.kind != Kind::Hello || hello.to != own || fds.len() != 2 {
             return Err(Refusal::Protocol);
         }
         peer_addr = Some(hello.from);
+        let peer_doorbell = fds.pop().ok_or(Refusal::Protocol)?;
         let shm = fds.pop().ok_or(Refusal::Protocol)?;
+        check_doorbell(&peer_doorbell)?;
         // Only memory made by `create_shm` (a ring's header, the right
         // size) makes a link.
         RingPair::map(&shm, false).map_err(|_| Refusal::Protocol)?;
         let ours = probe_cma(peer_pid, hello.cookie_addr, &hello.cookie).err();
         let mut welcome = Message::new(Kind::Welcome, own, hello.from);
         welcome.errno = ours.map_or(0, |e| e as i32);
-        send(&conn, &welcome, None)?;
+        send(&conn, &welcome, &[doorbell.as_raw_fd()])?;
         let (confirm, fds) = receive(&conn, deadline, Some(stopping))?;
         let consistent = confirm.from == hello.from && confirm.to == own;
         if confirm.kind != Kind::Confirm || !consistent || !fds.is_empty() {
             return Err(Refusal::Protocol);
         }
-        Ok((shm, hello.from, peer_pid, ours.or(confirm.probe_error())))
+        Ok((
+            shm,
+            peer_doorbell,
+            hello.from,
+            peer_pid,
+            ours.or(confirm.probe_error()),
+        ))
     })();
     match agreed {
-        Ok((shm, peer_addr, peer_pid, cma_refused)) => Ok(LinkSetup {
+        Ok((shm, peer_doorbell, peer_addr, peer_pid, cma_refused)) => Ok(LinkSetup {
             shm,
+            peer_doorbell,
             initiator: false,
             peer_addr,
             peer_pid,
@@ -627,7 +654,8 @@ pub(crate) struct LocalListener {
 
 impl LocalListener {
     /// Listens for the devices of this host that want a link with the
-    /// device at `addr`, and hands each agreed link to `on_link` (on the
+    /// device at `addr`, whose doorbell is `doorbell` (given to each peer),
+    /// and hands each agreed link to `on_link` (on the
     /// listener's thread; a panic in it is caught and logged). EADDRINUSE
     /// if another listener has the name.
     ///
@@ -635,6 +663,7 @@ impl LocalListener {
     /// wait for anything that the code dropping the listener holds.
     pub(crate) fn start(
         addr: IpAddr,
+        doorbell: OwnedFd,
         on_link: impl Fn(LinkSetup) + Send + Sync + 'static,
     ) -> io::Result<LocalListener> {
         let addr = addr.to_canonical();
@@ -653,7 +682,7 @@ impl LocalListener {
             .name("rverbs-local".into())
             .spawn({
                 let (socket, stopping) = (Arc::clone(&socket), Arc::clone(&stopping));
-                move || serve(&socket, addr, &stopping, &on_link)
+                move || serve(&socket, addr, &doorbell, &stopping, &on_link)
             })?;
         Ok(LocalListener {
             addr,
@@ -686,7 +715,13 @@ impl Drop for LocalListener {
 }
 
 /// The listener's thread: accepts and agrees links until stopped.
-fn serve(listener: &OwnedFd, addr: IpAddr, stopping: &AtomicBool, on_link: &dyn Fn(LinkSetup)) {
+fn serve(
+    listener: &OwnedFd,
+    addr: IpAddr,
+    doorbell: &OwnedFd,
+    stopping: &AtomicBool,
+    on_link: &dyn Fn(LinkSetup),
+) {
     loop {
         if stopping.load(Ordering::Acquire) {
             return;
@@ -696,7 +731,7 @@ fn serve(listener: &OwnedFd, addr: IpAddr, stopping: &AtomicBool, on_link: &dyn 
                 // A panic while agreeing or taking one link (a bug; no
                 // input should cause one) costs that link, not the thread.
                 let handled = catch_unwind(AssertUnwindSafe(|| {
-                    match accept_link(conn, addr, stopping) {
+                    match accept_link(conn, addr, doorbell.as_fd(), stopping) {
                         Ok(setup) => {
                             let (peer, cma) = (setup.peer_addr, setup.cma);
                             tracing::debug!("{addr}: local link from {peer} (cma {cma})");
@@ -762,10 +797,29 @@ mod tests {
         (ip(0), ip(1))
     }
 
+    /// A device's doorbell, as the engine makes it.
+    fn doorbell() -> OwnedFd {
+        let efd = nix::sys::eventfd::EventFd::from_flags(
+            nix::sys::eventfd::EfdFlags::EFD_NONBLOCK | nix::sys::eventfd::EfdFlags::EFD_CLOEXEC,
+        )
+        .unwrap();
+        efd.as_fd().try_clone_to_owned().unwrap()
+    }
+
+    /// [`connect`] for a device with a doorbell of its own.
+    fn connect_belled(
+        local: IpAddr,
+        peer: IpAddr,
+        ring_bytes: usize,
+        timeout: Duration,
+    ) -> Result<LinkSetup, Refusal> {
+        connect(local, peer, ring_bytes, timeout, doorbell().as_fd())
+    }
+
     /// A listener for `addr` whose links arrive on the receiver.
     fn listener(addr: IpAddr) -> (LocalListener, mpsc::Receiver<LinkSetup>) {
         let (tx, rx) = mpsc::channel();
-        let l = LocalListener::start(addr, move |setup| {
+        let l = LocalListener::start(addr, doorbell(), move |setup| {
             let _ = tx.send(setup);
         })
         .expect("listen");
@@ -968,8 +1022,16 @@ mod tests {
     fn a_link_shares_its_rings_and_cross_memory_attach_works() {
         let (a, b) = addrs(1);
         let (_listener, links) = listener(a);
-        let ours = connect(b, a, RING, WAIT).expect("a link");
+        let bell = doorbell();
+        let ours = connect(b, a, RING, WAIT, bell.as_fd()).expect("a link");
         let theirs = links.recv_timeout(WAIT).expect("the acceptor's link");
+
+        // The acceptor got our doorbell: what it writes there, we read.
+        nix::unistd::write(&theirs.peer_doorbell, &3u64.to_ne_bytes()).unwrap();
+        let mut count = [0u8; 8];
+        assert_eq!(nix::unistd::read(&bell, &mut count), Ok(8));
+        assert_eq!(u64::from_ne_bytes(count), 3);
+        assert!(check_doorbell(&ours.peer_doorbell).is_ok());
 
         assert!(ours.initiator && !theirs.initiator);
         assert_eq!((ours.peer_addr, theirs.peer_addr), (a, b));
@@ -1002,7 +1064,7 @@ mod tests {
         let a: IpAddr = format!("fd00::{:x}:1", pid & 0xffff).parse().unwrap();
         let b: IpAddr = format!("fd00::{:x}:2", pid & 0xffff).parse().unwrap();
         let (_listener, links) = listener(a);
-        let ours = connect(b, a, RING, WAIT).expect("a link");
+        let ours = connect_belled(b, a, RING, WAIT).expect("a link");
         let theirs = links.recv_timeout(WAIT).expect("the acceptor's link");
         assert_eq!((ours.peer_addr, theirs.peer_addr), (a, b));
     }
@@ -1010,7 +1072,7 @@ mod tests {
     #[test]
     fn no_listener_is_not_local() {
         let (a, b) = addrs(2);
-        let got = connect(b, a, RING, WAIT);
+        let got = connect_belled(b, a, RING, WAIT);
         assert_eq!(got.unwrap_err(), Refusal::NotLocal);
         assert_eq!(Refusal::NotLocal.reason(), "not_local");
     }
@@ -1057,7 +1119,7 @@ mod tests {
         drop((ready_w, done_r));
         let said = hear(ready_r);
         drop(guard);
-        let got = (said == Some(b'l')).then(|| connect(b, a, RING, WAIT));
+        let got = (said == Some(b'l')).then(|| connect_belled(b, a, RING, WAIT));
         drop(done_w);
         let status = waitpid(child, None).expect("wait");
         assert_eq!(said, Some(b'l'), "the child listens as another user");
@@ -1118,7 +1180,7 @@ mod tests {
             "the child (another user) gets REFUSE (other user)"
         );
         // The listener made no link of it, and still makes ours.
-        let ours = connect(b, a, RING, WAIT);
+        let ours = connect_belled(b, a, RING, WAIT);
         assert!(ours.is_ok(), "{ours:?}");
         assert!(links.recv_timeout(WAIT).is_ok());
         assert!(links.try_recv().is_err(), "one link only");
@@ -1131,7 +1193,7 @@ mod tests {
         // The initiator runs on a thread whose process_vm_readv is denied
         // (the listener's thread, like a peer process, is not).
         let initiator = std::thread::spawn(move || {
-            deny_process_vm_readv_on_this_thread().map(|()| connect(b, a, RING, WAIT))
+            deny_process_vm_readv_on_this_thread().map(|()| connect_belled(b, a, RING, WAIT))
         });
         let ours = match initiator.join().expect("the thread") {
             Ok(got) => got.expect("a link"),
@@ -1185,25 +1247,41 @@ mod tests {
         let too_many = dial_raw(a);
         let fd = shm.as_raw_fd();
         send_raw(&too_many, &hello, &[fd, fd, fd]);
+        let bell = doorbell();
+        // A hello with the memory but no doorbell (as version 1 sent it).
+        let no_bell = dial_raw(a);
+        send_raw(&no_bell, &hello, &[fd]);
         // A hello whose memory is not a ring.
         let not_a_ring = dial_raw(a);
         let memfd =
             nix::sys::memfd::memfd_create(c"not-a-ring", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
                 .unwrap();
-        send_raw(&not_a_ring, &hello, &[memfd.as_raw_fd()]);
+        send_raw(&not_a_ring, &hello, &[memfd.as_raw_fd(), bell.as_raw_fd()]);
+        // A hello whose doorbell is a file.
+        let file_bell = dial_raw(a);
+        send_raw(&file_bell, &hello, &[fd, memfd.as_raw_fd()]);
         // A hello for another device.
         let elsewhere = dial_raw(a);
-        send_raw(&elsewhere, &Message::new(Kind::Hello, b, b).encode(), &[fd]);
+        let to_b = Message::new(Kind::Hello, b, b).encode();
+        send_raw(&elsewhere, &to_b, &[fd, bell.as_raw_fd()]);
 
         // Each bad one is refused, and a good one still gets its link.
-        for conn in [&other_version, &too_many, &not_a_ring, &elsewhere] {
+        let bad = [
+            &other_version,
+            &too_many,
+            &no_bell,
+            &not_a_ring,
+            &file_bell,
+            &elsewhere,
+        ];
+        for conn in bad {
             let (reply, fds) = receive(conn, Instant::now() + WAIT, None).expect("a reply");
             assert_eq!(
                 (reply.kind, reply.reason, fds.len()),
                 (Kind::Refuse, REFUSED_PROTOCOL, 0)
             );
         }
-        let ours = connect(b, a, RING, WAIT);
+        let ours = connect_belled(b, a, RING, WAIT);
         assert!(ours.is_ok(), "{ours:?}");
         assert!(links.recv_timeout(WAIT).is_ok());
         assert!(links.try_recv().is_err(), "one link only");
@@ -1228,19 +1306,22 @@ mod tests {
         listen(&fake, Backlog::new(8).unwrap()).unwrap();
         // Dials the fake acceptor, which answers the hello with `reply`
         // (or nothing); what the dial ends in.
-        let answer = |reply: Option<[u8; MESSAGE_LEN]>, timeout: Duration| {
-            let dialler = std::thread::spawn(move || connect(b, a, RING, timeout));
+        let answer_with = |reply: Option<[u8; MESSAGE_LEN]>, fd: Option<RawFd>, timeout| {
+            let dialler = std::thread::spawn(move || connect_belled(b, a, RING, timeout));
             let conn = accept4(fake.as_fd(), SockFlag::SOCK_CLOEXEC).expect("accept");
             let (hello, fds) = receive(&conn, Instant::now() + WAIT, None).expect("a hello");
             assert_eq!(
                 (hello.kind, hello.from, hello.to, fds.len()),
-                (Kind::Hello, b, a, 1)
+                (Kind::Hello, b, a, 2)
             );
             if let Some(reply) = reply {
+                let fds: Vec<RawFd> = fd.into_iter().collect();
+                let rights = [ControlMessage::ScmRights(&fds)];
+                let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
                 sendmsg::<()>(
                     conn.as_raw_fd(),
                     &[IoSlice::new(&reply)],
-                    &[],
+                    cmsgs,
                     MsgFlags::MSG_NOSIGNAL,
                     None,
                 )
@@ -1248,6 +1329,7 @@ mod tests {
             }
             dialler.join().expect("the dialling thread")
         };
+        let answer = |reply, timeout| answer_with(reply, None, timeout);
 
         let mut refuse = Message::new(Kind::Refuse, a, b);
         (refuse.reason, refuse.errno) = Refusal::Io(Errno::ENOMEM).to_wire();
@@ -1277,6 +1359,19 @@ mod tests {
             Refusal::Protocol
         );
 
+        // A welcome without a doorbell, or with a file for one.
+        let welcome = Message::new(Kind::Welcome, a, b).encode();
+        assert_eq!(answer(Some(welcome), WAIT).unwrap_err(), Refusal::Protocol);
+        let file =
+            nix::sys::memfd::memfd_create(c"not-a-bell", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+                .unwrap();
+        let file_bell = answer_with(Some(welcome), Some(file.as_raw_fd()), WAIT);
+        assert_eq!(file_bell.unwrap_err(), Refusal::Protocol);
+        // The same welcome with an eventfd makes the link.
+        let bell = doorbell();
+        let belled = answer_with(Some(welcome), Some(bell.as_raw_fd()), WAIT);
+        assert!(belled.is_ok(), "{belled:?}");
+
         let silence = answer(None, Duration::from_millis(200));
         assert_eq!(silence.unwrap_err(), Refusal::TimedOut);
         assert_eq!(Refusal::TimedOut.reason(), "timed_out");
@@ -1288,7 +1383,7 @@ mod tests {
         let _no_fork = FORK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let (first, _links) = listener(a);
         assert_eq!(first.addr(), a);
-        let taken = LocalListener::start(a, |_| {});
+        let taken = LocalListener::start(a, doorbell(), |_| {});
         assert_eq!(
             taken.err().and_then(|e| e.raw_os_error()),
             Some(Errno::EADDRINUSE as i32)
@@ -1296,9 +1391,12 @@ mod tests {
         // Dropped while a client that says nothing waits on it.
         let silent = dial_raw(a);
         drop(first);
-        assert_eq!(connect(b, a, RING, WAIT).unwrap_err(), Refusal::NotLocal);
+        assert_eq!(
+            connect_belled(b, a, RING, WAIT).unwrap_err(),
+            Refusal::NotLocal
+        );
         let (_again, links) = listener(a);
-        assert!(connect(b, a, RING, WAIT).is_ok());
+        assert!(connect_belled(b, a, RING, WAIT).is_ok());
         assert!(links.recv_timeout(WAIT).is_ok());
         drop(silent);
     }
@@ -1322,7 +1420,7 @@ mod tests {
             Message::decode(&b)
         };
         assert_eq!(spoil(0, b'x').unwrap_err(), Refusal::Protocol, "magic");
-        assert_eq!(spoil(8, 2).unwrap_err(), Refusal::Protocol, "version");
+        assert_eq!(spoil(8, 1).unwrap_err(), Refusal::Protocol, "version");
         assert_eq!(spoil(10, 9).unwrap_err(), Refusal::Protocol, "kind");
         assert_eq!(spoil(16, 5).unwrap_err(), Refusal::Protocol, "family");
         assert_eq!(

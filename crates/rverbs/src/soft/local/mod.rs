@@ -24,6 +24,9 @@ pub(crate) struct LinkSetup {
     /// The shared memory (a memfd) holding the two rings, made by the side
     /// that connected: [`ring::RingPair::map`] maps it.
     pub(crate) shm: OwnedFd,
+    /// The peer device's doorbell (an eventfd): written when records were
+    /// pushed while the peer's consumer sleeps.
+    pub(crate) peer_doorbell: OwnedFd,
     /// Whether this side connected: it produces into ring 0 and consumes
     /// ring 1 (the other side the opposite).
     pub(crate) initiator: bool,
