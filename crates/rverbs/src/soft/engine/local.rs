@@ -177,6 +177,16 @@ pub(super) const RING_LATE_RECHECK: Duration = Duration::from_millis(1);
 /// transport's timers count them lost after all (a peer stopped, not dead).
 const RING_STALL_LIMIT: Duration = Duration::from_secs(2);
 
+/// How long ringing a sleeping peer's doorbell for new requests may be put
+/// off while its own records to us still wait unread: we are awake and pass
+/// again, and we need nothing from it before we have read those (the
+/// requester of a READ stream, pulling the responses described, sent each
+/// new request to a responder asleep since its last answer, and the
+/// wake-up — an inter-processor interrupt in a VM — took a sixth of the
+/// pulling thread's time). After this long it is rung anyway; a response
+/// (an ACK the peer's window waits for) is never put off.
+const DOORBELL_DEFER: Duration = Duration::from_micros(200);
+
 /// How long a connecting handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a refusal stands before a QP to that address asks again.
@@ -204,6 +214,9 @@ pub(super) struct Link {
     rx: Consumer,
     /// Records were pushed since the doorbell was last considered.
     pushed: bool,
+    /// Among them a response (an ACK, a READ response, an atomic ACK):
+    /// what a sleeping peer waits for, so its doorbell is not put off.
+    pushed_response: bool,
     /// Cross-memory attach works both ways (see [`CMA_MIN`]).
     cma: bool,
     /// The peer's process.
@@ -214,6 +227,9 @@ pub(super) struct Link {
     conn: OwnedFd,
     /// The peer device's doorbell (an eventfd).
     doorbell: OwnedFd,
+    /// Since when ringing the doorbell has been put off (see
+    /// [`DOORBELL_DEFER`]).
+    bell_deferred: Option<Instant>,
 }
 
 /// The engine's links and what it remembers of handshakes.
@@ -335,6 +351,9 @@ impl Link {
     ) -> bool {
         let mut prefix = [0u8; RECORD_PREFIX];
         prefix[..4].copy_from_slice(&segment.unwrap_or(0).to_le_bytes());
+        // RC's responses: READ responses (0x0d-0x10), ACKNOWLEDGE, ATOMIC
+        // ACKNOWLEDGE.
+        self.pushed_response |= pkt.first().is_some_and(|&op| (0x0d..=0x12).contains(&op));
         if refs.is_empty() {
             let pushed = self.tx.push_pieces(&[&prefix, pkt]);
             self.pushed |= pushed;
@@ -464,22 +483,37 @@ impl Link {
 }
 
 /// Rings the doorbell of every link a pass pushed into whose consumer
-/// sleeps: adds one to the peer device's eventfd.
+/// sleeps: adds one to the peer device's eventfd. For requests alone it is
+/// put off (up to [`DOORBELL_DEFER`]) while the peer's records to us wait
+/// unread: the pass that reads the last of them rings it.
 pub(super) fn ring_doorbells(st: &mut State) {
     let State { links, stats, .. } = st;
+    let mut now = None;
     for link in &mut links.list {
-        if link.pushed && link.tx.peer_sleeping() {
-            match nix::unistd::write(&link.doorbell, &1u64.to_ne_bytes()) {
-                // EAGAIN: the count is at its maximum, so it is readable.
-                Ok(_) | Err(nix::errno::Errno::EAGAIN) => {
-                    stats.local_doorbells_sent += 1;
-                    link.pushed = false;
-                }
-                // Tried again next pass.
-                Err(_) => {}
-            }
-        } else {
+        if !(link.pushed && link.tx.peer_sleeping()) {
             link.pushed = false;
+            link.pushed_response = false;
+            link.bell_deferred = None;
+            continue;
+        }
+        if !link.pushed_response && !link.rx.is_empty() {
+            let now = *now.get_or_insert_with(Instant::now);
+            let since = *link.bell_deferred.get_or_insert(now);
+            if now.saturating_duration_since(since) < DOORBELL_DEFER {
+                stats.local_doorbells_deferred += 1;
+                continue;
+            }
+        }
+        match nix::unistd::write(&link.doorbell, &1u64.to_ne_bytes()) {
+            // EAGAIN: the count is at its maximum, so it is readable.
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {
+                stats.local_doorbells_sent += 1;
+                link.pushed = false;
+                link.pushed_response = false;
+                link.bell_deferred = None;
+            }
+            // Tried again next pass.
+            Err(_) => {}
         }
     }
 }
@@ -668,11 +702,13 @@ impl Engine {
                     tx: rings.tx,
                     rx: rings.rx,
                     pushed: false,
+                    pushed_response: false,
                     cma: setup.cma && cma_enabled(),
                     peer_pid: setup.peer_pid,
                     reader_seen: None,
                     conn: setup.conn,
                     doorbell: setup.peer_doorbell,
+                    bell_deferred: None,
                 };
                 st.links.list.push(link);
                 st.links.refused.retain(|(a, _)| *a != setup.peer_addr);

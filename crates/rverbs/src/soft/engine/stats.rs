@@ -185,6 +185,9 @@ counters_struct! {
         pub local_doorbells_sent: u64,
         /// Doorbells received.
         pub local_doorbells_received: u64,
+        /// Passes that put a doorbell off while the peer's records to us
+        /// still waited unread.
+        pub local_doorbells_deferred: u64,
     }
 }
 
