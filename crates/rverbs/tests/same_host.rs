@@ -477,6 +477,24 @@ fn peer_process() {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" "),
+            Some("fork") => {
+                // A child holding every descriptor of this process (the
+                // handshake connections, the listener) that only sleeps.
+                // SAFETY: the child makes only async-signal-safe calls
+                // (close, sleep, _exit).
+                match unsafe { nix::unistd::fork() }.unwrap() {
+                    nix::unistd::ForkResult::Child => unsafe {
+                        // Not the test's output pipes: their readers would
+                        // wait for it.
+                        for fd in 0..3 {
+                            nix::libc::close(fd);
+                        }
+                        nix::libc::sleep(120);
+                        nix::libc::_exit(0)
+                    },
+                    nix::unistd::ForkResult::Parent { child } => child.to_string(),
+                }
+            }
             Some("quit") => {
                 answers.write_all(b"bye\n").unwrap();
                 return;
@@ -881,6 +899,95 @@ fn a_killed_peer_fails_the_qp_and_its_successor_links_anew() {
     assert!(theirs["local_links"] >= 1, "{report}");
     assert!(after.local_rx_packets > before.local_rx_packets, "{report}");
     assert_eq!(after.tx_sends, before.tx_sends, "{report}");
+}
+
+/// A peer that forked a child and then died with our packets unread: the
+/// child holds the peer's handshake connection open but reads no ring. The
+/// link still counts as dead (the peer's process is watched, not only the
+/// connection), so deregistering memory does not wait for the dead peer to
+/// copy from it (it would give up after 5 s), and the WRITE it did not
+/// take fails.
+#[test]
+fn a_dead_peers_forked_child_does_not_keep_its_link() {
+    if std::env::var_os(ROLE).is_some() {
+        return;
+    }
+    let _one = serial();
+    let dev = device_at("sh-fork", 54);
+    let me = Local::open(&dev, LOCAL_MR_LEN);
+    let mut first = Peer::start(addr(55), false, &me.qp, &me.mr, &opts());
+    let data = pattern(0x7000, 65537);
+    me.mr.write_at(SRC_AT, &data).unwrap();
+    let s = [sge(&me.mr, SRC_AT as u64, data.len() as u32)];
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: first.remote.addr + WRITE_AT as u64,
+        rkey: first.remote.rkey,
+    };
+    run_wr(
+        &me.qp,
+        &me.cq,
+        &SendWr::new(1, write, &s).signaled(),
+        "a WRITE before the fork",
+    );
+    first.check(WRITE_AT, data.len(), 0x7000, "a WRITE before the fork");
+
+    /// Kills the forked child however the test ends.
+    struct Reaper(i32);
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            let pid = nix::unistd::Pid::from_raw(self.0);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let child: i32 = first.ask("fork").parse().expect("the child's pid");
+    let _reaper = Reaper(child);
+
+    // Stop the peer, so it takes nothing; WRITE a MiB from an MR of its
+    // own (the payload stays there for the peer to copy); kill the peer.
+    let pid = first.process.child.id();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let deadline = Instant::now() + STEP;
+    while !is_stopped(pid) {
+        assert!(Instant::now() < deadline, "the peer did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let source = me.pd.alloc_mr(1 << 20, ALL).unwrap();
+    let s = [sge(&source, 0, 1 << 20)];
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: first.remote.addr + WRITE_AT as u64,
+        rkey: first.remote.rkey,
+    };
+    me.qp
+        .post_send(&SendWr::new(2, write, &s).signaled())
+        .unwrap();
+    first.process.child.kill().unwrap();
+    first.process.child.wait().unwrap();
+    // The child lives on, holding the connection.
+    assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), None).is_ok());
+
+    let before = dev.net_stats();
+    drop(source);
+    let after = dev.net_stats();
+    if !path_off_here() {
+        assert!(after.local_links >= 1, "{after:?}");
+    }
+    assert_eq!(
+        after.local_copy_waits_given_up, before.local_copy_waits_given_up,
+        "deregistration waited for the dead peer: {after:?}"
+    );
+    // It fails: its retries run out, or (its memory gone) a resend finds
+    // no MR.
+    let wc = wait_n(&me.cq, 1, STEP, "the WRITE to the dead peer")[0];
+    assert_eq!(wc.wr_id, 2, "{wc:?}");
+    assert!(
+        matches!(wc.status, WcStatus::RetryExcErr | WcStatus::LocProtErr),
+        "{wc:?}"
+    );
+    drop(first);
 }
 
 /// One process, two devices, one link: 8 RC QP pairs each WRITE two

@@ -5,7 +5,7 @@
 //! UNIX socket), the only `unsafe` of the device.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::libc;
@@ -54,6 +54,21 @@ pub(crate) fn set_dont_fragment(fd: &impl AsRawFd, ipv6: bool) -> io::Result<()>
             libc::IP_PMTUDISC_DO,
         )
     }
+}
+
+/// A process descriptor for `pid` (`pidfd_open(2)`, Linux 5.3+, always
+/// close-on-exec): it reads readable once that very process has exited,
+/// whoever else holds its descriptors. `None` where the kernel lacks the
+/// call or the process is gone or not visible from this PID namespace.
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).ok().filter(|&p| p > 0)?;
+    // SAFETY: pidfd_open(2) takes a PID and flags and touches no memory of
+    // ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the kernel has just made this descriptor for this call;
+    // nothing else knows it, so it gets exactly one owner here.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Sleeps until one of `fds` is readable or `timeout` has passed

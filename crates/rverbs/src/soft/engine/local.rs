@@ -223,8 +223,13 @@ pub(super) struct Link {
     peer_pid: u32,
     /// How far the peer had read, and when that was first seen.
     reader_seen: Option<(u64, Instant)>,
-    /// The handshake's connection: end-of-file once the peer is gone.
+    /// The handshake's connection: end-of-file once the peer's device is
+    /// gone — unless a child the peer forked holds it open too.
     conn: OwnedFd,
+    /// The peer's process (a pidfd): readable once it has exited, even if
+    /// a child it forked lives on with its descriptors. `None` where the
+    /// kernel has no pidfds.
+    peer_process: Option<OwnedFd>,
     /// The peer device's doorbell (an eventfd).
     doorbell: OwnedFd,
     /// Since when ringing the doorbell has been put off (see
@@ -314,7 +319,8 @@ pub(super) fn sleep_end(watches: &[RingWatch]) {
 
 impl Link {
     /// Whether the peer's device is gone: its handshake connection reads
-    /// end-of-file.
+    /// end-of-file, or its process has exited (a child it forked keeps the
+    /// connection open, but reads no ring).
     fn peer_gone(&self) -> bool {
         let mut b = [0u8; 1];
         let peeked = recv(
@@ -323,6 +329,10 @@ impl Link {
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         );
         matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET))
+            || self
+                .peer_process
+                .as_ref()
+                .is_some_and(|p| sys::wait_readable(&[p.as_raw_fd()], Duration::ZERO) != 0)
     }
 
     /// Whether a packet of `len` bytes fits into the ring now.
@@ -588,6 +598,7 @@ impl Engine {
                     "a same-host peer did not take its packets within {limit:?}; \
                      deregistering anyway"
                 );
+                let _ = self.locked(|st| st.stats.local_copy_waits_given_up += 1);
                 return;
             }
             // The peer may be waiting for its doorbell's packets to be seen.
@@ -686,6 +697,8 @@ impl Engine {
             local = %self.local_addr, peer = %setup.peer_addr, pid = setup.peer_pid,
             cma = setup.cma, cma_refused = ?setup.cma_refused, "same-host link up"
         );
+        // Taken now, while the peer is surely alive (it has just answered).
+        let peer_process = sys::pidfd_open(setup.peer_pid);
         let installed = self
             .locked(|st| {
                 // Not on a device that is going away (or gone): its peers
@@ -707,6 +720,7 @@ impl Engine {
                     peer_pid: setup.peer_pid,
                     reader_seen: None,
                     conn: setup.conn,
+                    peer_process,
                     doorbell: setup.peer_doorbell,
                     bell_deferred: None,
                 };

@@ -188,6 +188,10 @@ counters_struct! {
         /// Passes that put a doorbell off while the peer's records to us
         /// still waited unread.
         pub local_doorbells_deferred: u64,
+        /// Deregistrations (and re-registrations) that stopped waiting for
+        /// a live same-host peer to take the packets sent to it (after
+        /// 5 s: a stopped peer may still copy from the memory later).
+        pub local_copy_waits_given_up: u64,
     }
 }
 
