@@ -88,6 +88,18 @@ thread_local! {
     /// with nothing arriving, if the thread has not polled that CQ again
     /// nor found a completion since (see the module docs).
     static PARK_RAN_OUT: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The socket this thread's last park watched, and when it woke with
+    /// that socket not readable: as good as a receive that found it empty
+    /// (see `rx::receive`).
+    static SOCKET_SEEN_EMPTY: Cell<Option<(RawFd, Instant)>> = const { Cell::new(None) };
+}
+
+/// When the calling thread's last park saw the socket `fd` empty as it
+/// woke (for another descriptor: a doorbell, the bell), if it did.
+pub(super) fn socket_seen_empty(fd: RawFd) -> Option<Instant> {
+    SOCKET_SEEN_EMPTY
+        .get()
+        .and_then(|(seen, at)| (seen == fd).then_some(at))
 }
 
 /// The calling thread polls CQ `cq` again: a park that ran out on it was
@@ -469,6 +481,8 @@ impl Engine {
             let records = local::sleep_begin(&rings);
             if !records && self.links_changed.load(Ordering::SeqCst) == links {
                 let readable = sys::wait_readable(&fds, wait);
+                // Woken for something else, the socket had nothing.
+                SOCKET_SEEN_EMPTY.set((readable & 1 == 0).then(|| (fds[0], Instant::now())));
                 rung = readable & 2 != 0;
                 if readable & 4 != 0 {
                     local::doorbell_heard(self);

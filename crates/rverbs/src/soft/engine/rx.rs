@@ -55,16 +55,16 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Inst
     // had nothing for SOCKET_QUIET, looks at it only every SOCKET_EVERY:
     // the receive call would cost more than the rest of its empty pass, and
     // what comes by the socket then (a CM MAD, a first packet from a
-    // remote peer) waits that long at most. The pass does not count as
-    // reading the socket dry.
+    // remote peer) waits that long at most. A park of this thread that woke
+    // with the socket not readable counts as a look. The pass does not
+    // count as reading the socket dry.
+    let looked = st.socket_read_at.max(super::park::socket_seen_empty(fd));
     if driver == Driver::Poller
         && !st.links.list.is_empty()
         && st
             .socket_quiet_since
             .is_some_and(|t| start.saturating_duration_since(t) >= SOCKET_QUIET)
-        && st
-            .socket_read_at
-            .is_some_and(|t| start.saturating_duration_since(t) < SOCKET_EVERY)
+        && looked.is_some_and(|t| start.saturating_duration_since(t) < SOCKET_EVERY)
     {
         return false;
     }
