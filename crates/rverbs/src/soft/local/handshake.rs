@@ -26,7 +26,7 @@
 //! A doorbell is an eventfd its device's sleepers watch: a producer that
 //! pushed records while the ring's consumer sleeps writes the peer's. (It
 //! used to be an empty datagram to the peer's UDP socket, which cost four
-//! ping-pong pairs on two cores a third of their CPU in the kernel's UDP
+//! ping-pong pairs on two cores about 40 % of all CPU in the kernel's UDP
 //! path.) A received doorbell must be an anonymous inode (an eventfd), not
 //! a file: a peer's doorbell is only ever written eight bytes.
 //!
