@@ -64,7 +64,13 @@ pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     let pid = libc::pid_t::try_from(pid).ok().filter(|&p| p > 0)?;
     // SAFETY: pidfd_open(2) takes a PID and flags and touches no memory of
     // ours.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_open,
+            libc::c_long::from(pid),
+            0 as libc::c_long,
+        )
+    };
     let fd = RawFd::try_from(fd).ok().filter(|&fd| fd >= 0)?;
     // SAFETY: the kernel has just made this descriptor for this call;
     // nothing else knows it, so it gets exactly one owner here.

@@ -21,6 +21,7 @@
 //! the handshake and every sleeper of the peer watches; the one that wakes
 //! clears it.
 
+use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Weak};
@@ -187,6 +188,10 @@ const RING_STALL_LIMIT: Duration = Duration::from_secs(2);
 /// (an ACK the peer's window waits for) is never put off.
 const DOORBELL_DEFER: Duration = Duration::from_micros(200);
 
+/// How often a link looks whether its peer's process has exited (its
+/// handshake connection's end-of-file is looked at every time).
+const PROCESS_CHECK: Duration = Duration::from_millis(1);
+
 /// How long a connecting handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a refusal stands before a QP to that address asks again.
@@ -230,6 +235,8 @@ pub(super) struct Link {
     /// a child it forked lives on with its descriptors. `None` where the
     /// kernel has no pidfds.
     peer_process: Option<OwnedFd>,
+    /// When `peer_process` was last looked at (see [`PROCESS_CHECK`]).
+    process_checked: Cell<Option<Instant>>,
     /// The peer device's doorbell (an eventfd).
     doorbell: OwnedFd,
     /// Since when ringing the doorbell has been put off (see
@@ -285,7 +292,8 @@ impl Links {
     }
 
     /// Drops links whose peer is gone (its handshake connection reads
-    /// end-of-file): a new device may have taken its address.
+    /// end-of-file, or its process has exited): a new device may have
+    /// taken its address.
     pub(super) fn prune_dead(&mut self) {
         self.list.retain(|l| !l.peer_gone());
     }
@@ -321,6 +329,8 @@ impl Link {
     /// Whether the peer's device is gone: its handshake connection reads
     /// end-of-file, or its process has exited (a child it forked keeps the
     /// connection open, but reads no ring).
+    /// The process is looked at once per [`PROCESS_CHECK`] at most (a
+    /// pass while a full ring holds QPs back asks every time).
     fn peer_gone(&self) -> bool {
         let mut b = [0u8; 1];
         let peeked = recv(
@@ -328,11 +338,24 @@ impl Link {
             &mut b,
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         );
-        matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET))
-            || self
-                .peer_process
-                .as_ref()
-                .is_some_and(|p| sys::wait_readable(&[p.as_raw_fd()], Duration::ZERO) != 0)
+        if matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET)) {
+            return true;
+        }
+        let Some(process) = self.peer_process.as_ref() else {
+            return false;
+        };
+        let now = Instant::now();
+        if self
+            .process_checked
+            .get()
+            .is_some_and(|t| now.saturating_duration_since(t) < PROCESS_CHECK)
+        {
+            return false;
+        }
+        let exited = sys::wait_readable(&[process.as_raw_fd()], Duration::ZERO) != 0;
+        // An exited peer stays exited: looked at every time from then on.
+        self.process_checked.set((!exited).then_some(now));
+        exited
     }
 
     /// Whether a packet of `len` bytes fits into the ring now.
@@ -528,11 +551,13 @@ pub(super) fn ring_doorbells(st: &mut State) {
     }
 }
 
-/// Clears the device's doorbell after a sleeper saw it readable (the
-/// records it announced are drained by the pass that follows).
+/// Clears the device's doorbell after a sleeper saw it readable; the
+/// caller makes a pass next, which drains the records it announced.
 pub(super) fn doorbell_heard(engine: &Engine) {
     if engine.doorbell.read().is_ok() {
-        let _ = engine.locked(|st| st.stats.local_doorbells_received += 1);
+        engine
+            .doorbells_heard
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -721,6 +746,7 @@ impl Engine {
                     reader_seen: None,
                     conn: setup.conn,
                     peer_process,
+                    process_checked: Cell::new(None),
                     doorbell: setup.peer_doorbell,
                     bell_deferred: None,
                 };

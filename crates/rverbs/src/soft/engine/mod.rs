@@ -269,6 +269,9 @@ pub(crate) struct Engine {
     /// (this device's engine thread or a parked poller) sleeps; those
     /// sleepers watch it.
     doorbell: EventFd,
+    /// Doorbells a sleeper heard (`local_doorbells_received`), counted
+    /// without the lock.
+    doorbells_heard: AtomicU64,
     thread_started: AtomicBool,
     stopped: AtomicBool,
     /// Registered memory, which every access goes through.
@@ -396,6 +399,7 @@ impl Engine {
             local_addr: local,
             waker,
             doorbell,
+            doorbells_heard: AtomicU64::new(0),
             mrs,
             limits,
             ifindex,
@@ -549,6 +553,7 @@ impl Engine {
         let mut stats = st.stats;
         (stats.mads_sent, stats.mads_send_errors) = st.gsi.sent();
         stats.poll_park_stalls = self.bell.stalls();
+        stats.local_doorbells_received = self.doorbells_heard.load(Ordering::Relaxed);
         for slot in st.qps.values() {
             slot.add_counters(&mut stats);
         }

@@ -481,8 +481,11 @@ impl Engine {
             let records = local::sleep_begin(&rings);
             if !records && self.links_changed.load(Ordering::SeqCst) == links {
                 let readable = sys::wait_readable(&fds, wait);
-                // Woken for something else, the socket had nothing.
-                SOCKET_SEEN_EMPTY.set((readable & 1 == 0).then(|| (fds[0], Instant::now())));
+                // Woken by the bell or the doorbell alone: the socket had
+                // nothing. (Not for a multicast socket, which the pass
+                // must read, nor a timeout, when timers are due.)
+                let only_bells = readable != 0 && readable & !0b110 == 0;
+                SOCKET_SEEN_EMPTY.set(only_bells.then(|| (fds[0], Instant::now())));
                 rung = readable & 2 != 0;
                 if readable & 4 != 0 {
                     local::doorbell_heard(self);

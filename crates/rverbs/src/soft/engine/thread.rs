@@ -235,9 +235,6 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         let rung = fds[2].revents().is_some_and(|r| !r.is_empty());
         let watched = watched_fd.is_some() && fds[3].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
-        if rung {
-            local::doorbell_heard(engine);
-        }
         if watched {
             watch.on_ready();
         }
@@ -246,8 +243,13 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
         }
         let now = Instant::now();
         if engine.busy_polled_until(now).is_some() {
-            // An application polls (again): it makes the progress.
+            // An application polls (again): it makes the progress. A
+            // doorbell stays rung for it (a poller about to park sees it).
             continue;
+        }
+        if rung {
+            // Cleared only by a thread about to make a pass.
+            local::doorbell_heard(engine);
         }
         let Ok(mut st) = engine.lock() else { return };
         // Awake: it looks at the timers again before it sleeps.

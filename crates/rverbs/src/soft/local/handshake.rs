@@ -475,14 +475,19 @@ fn receive_now(conn: &OwnedFd) -> Result<(Message, Vec<OwnedFd>), Refusal> {
     Ok((Message::decode(&buf[..len])?, fds))
 }
 
-/// Checks that a peer's doorbell is an anonymous inode (an eventfd), not
-/// a file, pipe or socket that eight-byte writes would fill.
+/// Checks that a peer's doorbell is an eventfd: an anonymous inode (not a
+/// file, pipe or socket that eight-byte writes would fill) that takes an
+/// eight-byte write of zero, which adds nothing (a pidfd, timerfd or epoll
+/// descriptor refuses it, and would refuse every ring).
 fn check_doorbell(fd: &OwnedFd) -> Result<(), Refusal> {
     let st = nix::sys::stat::fstat(fd).map_err(Refusal::Io)?;
     if st.st_mode & nix::libc::S_IFMT != 0 {
         return Err(Refusal::Protocol);
     }
-    Ok(())
+    match nix::unistd::write(fd, &0u64.to_ne_bytes()) {
+        Ok(8) => Ok(()),
+        _ => Err(Refusal::Protocol),
+    }
 }
 
 /// Dials the device at `peer`, waiting for room in its backlog until
@@ -1286,6 +1291,27 @@ mod tests {
         assert!(links.recv_timeout(WAIT).is_ok());
         assert!(links.try_recv().is_err(), "one link only");
         drop((junk, silent));
+    }
+
+    #[test]
+    fn only_an_eventfd_is_a_doorbell() {
+        assert!(check_doorbell(&doorbell()).is_ok());
+        // A file, and an anonymous inode that is not an eventfd.
+        let file =
+            nix::sys::memfd::memfd_create(c"bell", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+        assert_eq!(check_doorbell(&file), Err(Refusal::Protocol));
+        if let Some(pidfd) = crate::soft::sys::pidfd_open(std::process::id()) {
+            assert_eq!(check_doorbell(&pidfd), Err(Refusal::Protocol));
+        }
+        // The check adds nothing to a real one.
+        let bell = doorbell();
+        check_doorbell(&bell).unwrap();
+        let mut count = [0u8; 8];
+        assert_eq!(
+            nix::unistd::read(&bell, &mut count),
+            Err(Errno::EAGAIN),
+            "still zero"
+        );
     }
 
     #[test]
