@@ -804,6 +804,45 @@ fn is_stopped(pid: u32) -> bool {
         == Some("T")
 }
 
+/// A same-host link between two devices of this process: an RC pair
+/// between them, connected (kept for as long as the link is wanted).
+fn link(da: &Device, db: &Device) -> (common::PairSide, common::PairSide) {
+    let a = common::pair_side_on(da, QpType::Rc, rc_caps(), 4096, ALL);
+    let b = common::pair_side_on(db, QpType::Rc, rc_caps(), 4096, ALL);
+    common::connect_sides(&a, &b);
+    (a, b)
+}
+
+/// Stops `peer`'s process (SIGSTOP) and waits until it is stopped: it
+/// takes nothing from its rings meanwhile.
+fn stop(peer: &Peer) {
+    let pid = peer.process.child.id();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let deadline = Instant::now() + STEP;
+    while !is_stopped(pid) {
+        assert!(Instant::now() < deadline, "the peer did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// WRITEs 65,537 bytes of `pattern(seed)` from `me`'s MR to `peer`'s and
+/// checks they arrived.
+fn write_and_check(me: &Local, peer: &mut Peer, seed: u64, what: &str) {
+    let data = pattern(seed, 65537);
+    me.mr.write_at(SRC_AT, &data).unwrap();
+    let s = [sge(&me.mr, SRC_AT as u64, data.len() as u32)];
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: peer.remote.addr + WRITE_AT as u64,
+        rkey: peer.remote.rkey,
+    };
+    run_wr(&me.qp, &me.cq, &SendWr::new(1, write, &s).signaled(), what);
+    peer.check(WRITE_AT, data.len(), seed, what);
+}
+
 /// A peer killed while WRITEs to it are outstanding: the QP ends in
 /// RETRY_EXC_ERR (the rest flushed) within a bounded time. A new peer at
 /// the dead one's address then gets a link of its own, which works.
@@ -824,35 +863,12 @@ fn a_killed_peer_fails_the_qp_and_its_successor_links_anew() {
     };
     let mut first = Peer::start(addr(45), false, &me.qp, &me.mr, &short);
     // It works.
-    let data = pattern(0x6000, 65537);
-    me.mr.write_at(SRC_AT, &data).unwrap();
-    let s = [sge(&me.mr, SRC_AT as u64, data.len() as u32)];
-    let write = WrOpcode::RdmaWrite {
-        remote_addr: first.remote.addr + WRITE_AT as u64,
-        rkey: first.remote.rkey,
-    };
-    run_wr(
-        &me.qp,
-        &me.cq,
-        &SendWr::new(1, write, &s).signaled(),
-        "first WRITE",
-    );
-    first.check(WRITE_AT, data.len(), 0x6000, "first WRITE");
+    write_and_check(&me, &mut first, 0x6000, "first WRITE");
     let links = dev.net_stats().local_links;
 
     // Stop the peer, so that nothing is answered: the WRITEs posted now
     // stay outstanding. Then kill it.
-    let pid = first.process.child.id();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
-    let deadline = Instant::now() + STEP;
-    while !is_stopped(pid) {
-        assert!(Instant::now() < deadline, "the peer did not stop");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    stop(&first);
     let s = [sge(&me.mr, 0, 1 << 20)];
     let wrs: Vec<SendWr<'_>> = (0..8)
         .map(|k| {
@@ -938,20 +954,7 @@ fn a_dead_peers_forked_child_does_not_keep_its_link() {
     let dev = device_at("sh-fork", 54);
     let me = Local::open(&dev, LOCAL_MR_LEN);
     let mut first = Peer::start(addr(55), false, &me.qp, &me.mr, &opts());
-    let data = pattern(0x7000, 65537);
-    me.mr.write_at(SRC_AT, &data).unwrap();
-    let s = [sge(&me.mr, SRC_AT as u64, data.len() as u32)];
-    let write = WrOpcode::RdmaWrite {
-        remote_addr: first.remote.addr + WRITE_AT as u64,
-        rkey: first.remote.rkey,
-    };
-    run_wr(
-        &me.qp,
-        &me.cq,
-        &SendWr::new(1, write, &s).signaled(),
-        "a WRITE before the fork",
-    );
-    first.check(WRITE_AT, data.len(), 0x7000, "a WRITE before the fork");
+    write_and_check(&me, &mut first, 0x7000, "a WRITE before the fork");
 
     /// Kills the forked child however the test ends.
     struct Reaper(i32);
@@ -966,17 +969,7 @@ fn a_dead_peers_forked_child_does_not_keep_its_link() {
 
     // Stop the peer, so it takes nothing; WRITE a MiB from an MR of its
     // own (the payload stays there for the peer to copy); kill the peer.
-    let pid = first.process.child.id();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
-    let deadline = Instant::now() + STEP;
-    while !is_stopped(pid) {
-        assert!(Instant::now() < deadline, "the peer did not stop");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    stop(&first);
     let source = me.pd.alloc_mr(1 << 20, ALL).unwrap();
     let s = [sge(&source, 0, 1 << 20)];
     let write = WrOpcode::RdmaWrite {
@@ -1063,7 +1056,10 @@ fn eight_qps_stream_over_one_link_without_loss() {
             assert_eq!(
                 (wc.wr_id, wc.status),
                 (m as u64, WcStatus::Success),
-                "{what}"
+                "{what}; {} host stalls so far\nA: {:?}\nB: {:?}",
+                watch.stalls(),
+                da.net_stats(),
+                db.net_stats()
             );
         }
         assert_same(
@@ -1124,9 +1120,7 @@ fn ud_between_linked_devices_goes_through_the_ring() {
         device_at("sh-ud-c", 50),
     );
     // The link: an RC pair between A and B.
-    let ra = common::pair_side_on(&da, QpType::Rc, rc_caps(), 4096, ALL);
-    let rb = common::pair_side_on(&db, QpType::Rc, rc_caps(), 4096, ALL);
-    common::connect_sides(&ra, &rb);
+    let _link = link(&da, &db);
     let ud_side = |dev: &Device| {
         let ctx = dev.open().unwrap();
         let pd = ctx.alloc_pd().unwrap();
@@ -1367,10 +1361,7 @@ fn multicast_reaches_a_busy_poller_of_a_linked_device() {
         device_at("sh-mc-b", 57),
         device_at("sh-mc-tx", 58),
     );
-    // The link: an RC pair between the two devices.
-    let a = common::pair_side_on(&da, QpType::Rc, rc_caps(), 4096, ALL);
-    let b = common::pair_side_on(&db, QpType::Rc, rc_caps(), 4096, ALL);
-    common::connect_sides(&a, &b);
+    let _link = link(&da, &db);
     if !path_off_here() {
         assert!(da.net_stats().local_links >= 1);
     }
