@@ -1,6 +1,7 @@
 //! The system calls std and nix do not wrap (or wrap with an allocation
-//! per call): socket options, `ppoll` on raw descriptors, `sendmmsg`, and
-//! `process_vm_readv` into registered memory for the same-host path. With
+//! per call): socket options, `ppoll` on raw descriptors, `sendmmsg`,
+//! `pidfd_open`, and `process_vm_readv` into registered memory for the
+//! same-host path. With
 //! `memory.rs` and `local/` (the shared rings, descriptors passed over a
 //! UNIX socket), the only `unsafe` of the device.
 

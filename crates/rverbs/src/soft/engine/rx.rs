@@ -56,7 +56,7 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Inst
     // the receive call would cost more than the rest of its empty pass, and
     // what comes by the socket then (a CM MAD, a first packet from a
     // remote peer) waits that long at most. A park of this thread that woke
-    // with the socket not readable counts as a look. The pass does not
+    // for the bell or a doorbell alone counts as a look. The pass does not
     // count as reading the socket dry.
     let looked = st.socket_read_at.max(super::park::socket_seen_empty(fd));
     if driver == Driver::Poller

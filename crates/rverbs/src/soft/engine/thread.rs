@@ -33,8 +33,9 @@ pub(super) const WATCHDOG_NANOS: u64 = WATCHDOG.as_nanos() as u64;
 /// sleeper is woken by the kernel for every packet, doorbell and timer
 /// itself, so the look only covers a program that stops polling right
 /// after its park ends. Looking every [`WATCHDOG`] instead cost four
-/// ping-pong pairs on two cores a third of their p99 (an engine thread
-/// woke 2,000 times a second per process and preempted the pollers).
+/// ping-pong pairs on two cores about a quarter of their p99 (an engine
+/// thread woke 2,000 times a second per process and preempted the
+/// pollers).
 const PARKED_WATCHDOG: Duration = Duration::from_millis(2);
 
 /// What the engine thread watches for its device besides the network (the
