@@ -693,7 +693,9 @@ fn ud_receive_over_ipv6_reports_ipv6_in_sl() {
 /// registered (UCX frees its UD receive pool before it destroys the QP, and
 /// a late datagram arrived then): the receive completes with a local
 /// protection error and the process lives on, where the copy used to take
-/// it down with SIGSEGV on the engine thread.
+/// it down with SIGSEGV on the engine thread. (The page is replaced by an
+/// inaccessible one rather than unmapped: another test thread's allocation
+/// could otherwise be given the freed address, and take the datagram.)
 #[test]
 fn a_ud_receive_into_unmapped_foreign_memory_fails_without_a_crash() {
     use nix::libc;
@@ -719,11 +721,25 @@ fn a_ud_receive_into_unmapped_foreign_memory_fails_without_a_crash() {
     let mr = unsafe { b.pd.reg_mr_raw(p, page, p as u64, AccessFlags::LOCAL_WRITE) }.unwrap();
     b.qp.post_recv(&RecvWr::new(7, &[sge(&mr, 0, page as u32)]))
         .unwrap();
-    // SAFETY: our own page; nothing of ours references it any more.
-    assert_eq!(unsafe { libc::munmap(m, page) }, 0);
+    // SAFETY: our own page, replaced in place by one that cannot be read or
+    // written (as good as unmapped, but the address stays taken); nothing
+    // of ours references it any more.
+    let gone = unsafe {
+        libc::mmap(
+            m,
+            page,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(gone, m);
     a.qp.post_send(&SendWr::inline(1, WrOpcode::Send, b"late").to(&ah, b.qp.qp_num(), QKEY))
         .unwrap();
     let wc = wait(&b.cq, 1)[0];
     assert_eq!((wc.wr_id, wc.status), (7, WcStatus::LocProtErr));
     drop(mr);
+    // SAFETY: the inaccessible page is ours and no longer registered.
+    assert_eq!(unsafe { libc::munmap(m, page) }, 0);
 }
