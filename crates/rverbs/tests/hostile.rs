@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use rverbs::cm::{ConnectOptions, Endpoint};
 use rverbs::{
-    AccessFlags, AsyncEventType, Context, Gid, Mtu, NetStats, QpCaps, QpState, QpType, RecvWr,
-    SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    AsyncEventType, Context, Gid, Mtu, NetStats, QpCaps, QpState, QpType, RecvWr, SendWr, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use rverbs_wire::icrc::{self, IpUdpHeaders};
 use rverbs_wire::{
@@ -37,6 +37,7 @@ use rverbs_wire::{
 };
 
 mod common;
+use common::ALL;
 use common::{sge, wait, wait_event};
 
 // ---- the cases run one at a time ------------------------------------------
@@ -250,11 +251,6 @@ fn wait_taken_in(start: (u64, u64), sent: u64, answered: bool) {
 }
 
 // ---- the QP under attack ----------------------------------------------------
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 /// The QP number the hostile peer claims.
 const HOSTILE_QPN: u32 = 0x00_c0de;

@@ -11,18 +11,14 @@ use std::time::Duration;
 
 use rverbs::cm::{ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, CompletionQueue, Context, MemoryRegion, Mtu, NetStats, QpCaps, QpType,
-    QueuePair, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
+    devices, CompletionQueue, Context, MemoryRegion, Mtu, NetStats, QpCaps, QpType, QueuePair,
+    RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
 };
 
 mod common;
 use common::stall::StallWatch;
+use common::ALL;
 use common::{sge, wait_n};
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 /// Path MTU: 1024 bytes, so ~60 packets make a 64 KB GSO batch.
 const MTU: usize = 1024;

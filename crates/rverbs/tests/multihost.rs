@@ -36,13 +36,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::ALL;
 use common::{find_tool, is_root, run};
 
 use rverbs::cm::{self, ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, CompletionQueue, Context, Device, Gid, MemoryRegion, Mtu,
-    ProtectionDomain, QpCaps, QpState, QueuePair, RecvWr, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    devices, CompletionQueue, Context, Device, Gid, MemoryRegion, Mtu, ProtectionDomain, QpCaps,
+    QpState, QueuePair, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 /// Selects the part a child plays (unset in the parent).
@@ -53,11 +53,6 @@ const CONNECT_TO: &str = "RVERBS_MULTIHOST_CONNECT";
 const PEER_ADDR: &str = "RVERBS_MULTIHOST_PEER";
 /// The veth interface a namespace peer's address is on.
 const IFACE: &str = "RVERBS_MULTIHOST_IFACE";
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 // ---------------------------------------------------------------------------
 // Shared helpers

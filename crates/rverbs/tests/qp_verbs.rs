@@ -21,15 +21,11 @@ use rverbs::{
 };
 
 mod common;
+use common::ALL;
 use common::{sge, wait, wait_event};
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 const MR_LEN: usize = 64 * 1024;
 

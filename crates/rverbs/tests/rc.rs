@@ -11,6 +11,7 @@ use rverbs::{
 
 mod common;
 use common::sge;
+use common::ALL;
 
 struct Side {
     ctx: Context,
@@ -19,11 +20,6 @@ struct Side {
     qp: QueuePair,
     mr: MemoryRegion,
 }
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 fn side(ctx: Context, mr_len: usize) -> Side {
     let pd = ctx.alloc_pd().unwrap();

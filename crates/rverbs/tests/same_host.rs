@@ -51,6 +51,7 @@ use rverbs::{
 };
 
 mod common;
+use common::ALL;
 use common::{sge, ud_qp, wait_n};
 
 /// Names the part a child process plays (unset in the parent).
@@ -59,11 +60,6 @@ const ROLE: &str = "RVERBS_SAME_HOST_TEST_ROLE";
 const CONNECT_TO: &str = "RVERBS_SAME_HOST_TEST_CONNECT";
 /// The test function a child runs.
 const CHILD_TEST: &str = "child_process_role";
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 /// The child's MR: [0, 4 MiB) keeps [`PEER_SEED`]'s bytes (what READs
 /// read); WRITEs land at [`WRITE_AT`], receives at [`RECV_AT`], the atomics'

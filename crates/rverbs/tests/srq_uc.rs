@@ -18,23 +18,19 @@ use std::time::{Duration, Instant};
 
 use rverbs::cm::{self, ConnectOptions, Endpoint};
 use rverbs::{
-    devices, AccessFlags, AsyncEventElement, AsyncEventType, CompletionQueue, Context, Device,
-    Error, ErrorDetail, ErrorKind, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask, QpCaps,
-    QpState, QpType, QueuePair, RecvWr, SendWr, Sge, SharedReceiveQueue, SrqAttr, SrqAttrMask,
-    Verb, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    devices, AsyncEventElement, AsyncEventType, CompletionQueue, Context, Device, Error,
+    ErrorDetail, ErrorKind, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask, QpCaps, QpState,
+    QpType, QueuePair, RecvWr, SendWr, Sge, SharedReceiveQueue, SrqAttr, SrqAttrMask, Verb,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 mod common;
+use common::ALL;
 use common::{sge, wait, wait_event};
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
 const EBUSY: i32 = 16;
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 const MR_LEN: usize = 1 << 20;
 

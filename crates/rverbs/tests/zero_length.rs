@@ -9,17 +9,13 @@
 use std::time::Duration;
 
 use rverbs::{
-    AccessFlags, AsyncEventType, CompletionQueue, Context, MemoryRegion, QpCaps, QpState, QpType,
-    RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    AsyncEventType, CompletionQueue, Context, MemoryRegion, QpCaps, QpState, QpType, RecvWr,
+    SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 mod common;
+use common::ALL;
 use common::{sge, wait, wait_event};
-
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 const MR_LEN: usize = 1 << 16;
 

@@ -14,6 +14,13 @@ use rverbs::{
     AsyncEvent, AsyncEventType, CompletionQueue, Context, MemoryRegion, Sge, WorkCompletion,
 };
 
+/// Every access an MR may grant: local write, remote write, read and
+/// atomics.
+pub const ALL: rverbs::AccessFlags = rverbs::AccessFlags::LOCAL_WRITE
+    .union(rverbs::AccessFlags::REMOTE_WRITE)
+    .union(rverbs::AccessFlags::REMOTE_READ)
+    .union(rverbs::AccessFlags::REMOTE_ATOMIC);
+
 /// Debian's Python, which has python3-scapy (not a pyenv or venv one).
 pub const PYTHON: &str = "/usr/bin/python3";
 
