@@ -686,6 +686,36 @@ fn exercise(me: &Local, qp: &QueuePair, peer: &mut Peer) {
     assert_eq!(result(), 0xdead_beef_0000_0001, "after the atomics");
 }
 
+/// What [`exercise_a_peer`] saw: this device's counters before and after,
+/// the peer's after, and both for a failure message.
+struct Exercised {
+    before: NetStats,
+    after: NetStats,
+    theirs: BTreeMap<String, u64>,
+    report: String,
+}
+
+/// Opens a device `name` at `addr(n)`, starts a peer at `addr(peer_n)`
+/// (with the same-host path off if `path_off`), runs [`exercise`] against
+/// it, and ends the peer.
+fn exercise_a_peer(name: &str, n: u8, peer_n: u8, path_off: bool) -> Exercised {
+    let dev = device_at(name, n);
+    let me = Local::open(&dev, LOCAL_MR_LEN);
+    let mut peer = Peer::start(addr(peer_n), path_off, &me.qp, &me.mr, &opts());
+    let before = dev.net_stats();
+    exercise(&me, &me.qp, &mut peer);
+    let after = dev.net_stats();
+    let theirs = peer.stats();
+    peer.quit();
+    let report = format!("{after:?}\npeer: {theirs:?}");
+    Exercised {
+        before,
+        after,
+        theirs,
+        report,
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The tests
 
@@ -698,15 +728,12 @@ fn rc_between_two_processes_goes_through_the_ring() {
         return;
     }
     let _one = serial();
-    let dev = device_at("sh-ring", 40);
-    let me = Local::open(&dev, LOCAL_MR_LEN);
-    let mut peer = Peer::start(addr(41), false, &me.qp, &me.mr, &opts());
-    let before = dev.net_stats();
-    exercise(&me, &me.qp, &mut peer);
-    let after = dev.net_stats();
-    let theirs = peer.stats();
-    peer.quit();
-    let report = format!("{after:?}\npeer: {theirs:?}");
+    let Exercised {
+        before,
+        after,
+        theirs,
+        report,
+    } = exercise_a_peer("sh-ring", 40, 41, false);
     if path_off_here() {
         // RVERBS_SAME_HOST=0 for the whole run: the wire, and why.
         assert_eq!(after.local_qps, 0, "{report}");
@@ -763,15 +790,12 @@ fn a_peer_with_the_path_off_is_reached_on_the_wire() {
         return;
     }
     let _one = serial();
-    let dev = device_at("sh-wire", 42);
-    let me = Local::open(&dev, LOCAL_MR_LEN);
-    let mut peer = Peer::start(addr(43), true, &me.qp, &me.mr, &opts());
-    let before = dev.net_stats();
-    exercise(&me, &me.qp, &mut peer);
-    let after = dev.net_stats();
-    let theirs = peer.stats();
-    peer.quit();
-    let report = format!("{after:?}\npeer: {theirs:?}");
+    let Exercised {
+        before,
+        after,
+        theirs,
+        report,
+    } = exercise_a_peer("sh-wire", 42, 43, true);
     if path_off_here() {
         assert!(after.wire_qps_path_off >= 1, "{report}");
     } else {

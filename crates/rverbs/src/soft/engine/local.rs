@@ -188,9 +188,9 @@ const RING_STALL_LIMIT: Duration = Duration::from_secs(2);
 /// (an ACK the peer's window waits for) is never put off.
 const DOORBELL_DEFER: Duration = Duration::from_micros(200);
 
-/// How often a link looks whether its peer's process has exited (its
-/// handshake connection's end-of-file is looked at every time).
-const PROCESS_CHECK: Duration = Duration::from_millis(1);
+/// How often a link looks whether its peer is gone (two system calls: a
+/// pass while a full ring holds QPs back asks every time).
+const PEER_CHECK: Duration = Duration::from_millis(1);
 
 /// How long a connecting handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -235,8 +235,8 @@ pub(super) struct Link {
     /// a child it forked lives on with its descriptors. `None` where the
     /// kernel has no pidfds.
     peer_process: Option<OwnedFd>,
-    /// When `peer_process` was last looked at (see [`PROCESS_CHECK`]).
-    process_checked: Cell<Option<Instant>>,
+    /// When the peer was last found alive (see [`PEER_CHECK`]).
+    alive_at: Cell<Option<Instant>>,
     /// The peer device's doorbell (an eventfd).
     doorbell: OwnedFd,
     /// Since when ringing the doorbell has been put off (see
@@ -328,34 +328,30 @@ pub(super) fn sleep_end(watches: &[RingWatch]) {
 impl Link {
     /// Whether the peer's device is gone: its handshake connection reads
     /// end-of-file, or its process has exited (a child it forked keeps the
-    /// connection open, but reads no ring).
-    /// The process is looked at once per [`PROCESS_CHECK`] at most (a
-    /// pass while a full ring holds QPs back asks every time).
+    /// connection open, but reads no ring). A peer found alive counts as
+    /// alive for [`PEER_CHECK`]; a gone one stays gone.
     fn peer_gone(&self) -> bool {
+        let now = Instant::now();
+        if self
+            .alive_at
+            .get()
+            .is_some_and(|t| now.saturating_duration_since(t) < PEER_CHECK)
+        {
+            return false;
+        }
         let mut b = [0u8; 1];
         let peeked = recv(
             self.conn.as_raw_fd(),
             &mut b,
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         );
-        if matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET)) {
-            return true;
-        }
-        let Some(process) = self.peer_process.as_ref() else {
-            return false;
-        };
-        let now = Instant::now();
-        if self
-            .process_checked
-            .get()
-            .is_some_and(|t| now.saturating_duration_since(t) < PROCESS_CHECK)
-        {
-            return false;
-        }
-        let exited = sys::wait_readable(&[process.as_raw_fd()], Duration::ZERO) != 0;
-        // An exited peer stays exited: looked at every time from then on.
-        self.process_checked.set((!exited).then_some(now));
-        exited
+        let gone = matches!(peeked, Ok(0) | Err(nix::errno::Errno::ECONNRESET))
+            || self
+                .peer_process
+                .as_ref()
+                .is_some_and(|p| sys::wait_readable(&[p.as_raw_fd()], Duration::ZERO) != 0);
+        self.alive_at.set((!gone).then_some(now));
+        gone
     }
 
     /// Whether a packet of `len` bytes fits into the ring now.
@@ -746,7 +742,7 @@ impl Engine {
                     reader_seen: None,
                     conn: setup.conn,
                     peer_process,
-                    process_checked: Cell::new(None),
+                    alive_at: Cell::new(None),
                     doorbell: setup.peer_doorbell,
                     bell_deferred: None,
                 };

@@ -58,13 +58,15 @@ pub(super) fn receive(st: &mut State, mem: &MrTable, driver: Driver, start: Inst
     // remote peer) waits that long at most. A park of this thread that woke
     // for the bell or a doorbell alone counts as a look. The pass does not
     // count as reading the socket dry.
-    let looked = st.socket_read_at.max(super::park::socket_seen_empty(fd));
     if driver == Driver::Poller
         && !st.links.list.is_empty()
         && st
             .socket_quiet_since
             .is_some_and(|t| start.saturating_duration_since(t) >= SOCKET_QUIET)
-        && looked.is_some_and(|t| start.saturating_duration_since(t) < SOCKET_EVERY)
+        && st
+            .socket_read_at
+            .max(super::park::socket_seen_empty(fd))
+            .is_some_and(|t| start.saturating_duration_since(t) < SOCKET_EVERY)
     {
         return false;
     }
