@@ -36,8 +36,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::ALL;
 use common::{find_tool, is_root, run};
+use common::{pattern, splitmix, ALL};
 
 use rverbs::cm::{self, ConnectOptions, Endpoint};
 use rverbs::{
@@ -57,29 +57,9 @@ const IFACE: &str = "RVERBS_MULTIHOST_IFACE";
 // ---------------------------------------------------------------------------
 // Shared helpers
 
-/// The splitmix64 step: a fast, well-mixed pseudo-random sequence.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn mix(x: u64) -> u64 {
     let mut s = x;
     splitmix(&mut s)
-}
-
-/// `len` pseudo-random bytes determined by `seed`.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut s = seed;
-    for chunk in out.chunks_mut(8) {
-        let word = splitmix(&mut s).to_le_bytes();
-        chunk.copy_from_slice(&word[..chunk.len()]);
-    }
-    out
 }
 
 /// Panics naming the first differing byte unless `got == want`.

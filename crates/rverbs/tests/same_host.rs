@@ -51,7 +51,7 @@ use rverbs::{
 };
 
 mod common;
-use common::ALL;
+use common::{pattern, ALL};
 use common::{sge, ud_qp, wait_n};
 
 /// Names the part a child process plays (unset in the parent).
@@ -117,26 +117,6 @@ fn addr(n: u8) -> IpAddr {
 fn device_at(name: &str, n: u8) -> Device {
     rverbs::add_device(DeviceConfig::at(addr(n)).named(name))
         .unwrap_or_else(|e| panic!("device {name} at {}: {e}", addr(n)))
-}
-
-/// The splitmix64 step.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// `len` pseudo-random bytes determined by `seed`.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut s = seed;
-    for chunk in out.chunks_mut(8) {
-        let word = splitmix(&mut s).to_le_bytes();
-        chunk.copy_from_slice(&word[..chunk.len()]);
-    }
-    out
 }
 
 /// Where `got` first differs from `want` (or where the shorter ends).

@@ -21,6 +21,26 @@ pub const ALL: rverbs::AccessFlags = rverbs::AccessFlags::LOCAL_WRITE
     .union(rverbs::AccessFlags::REMOTE_READ)
     .union(rverbs::AccessFlags::REMOTE_ATOMIC);
 
+/// The splitmix64 step: a fast, well-mixed pseudo-random sequence.
+pub fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `len` pseudo-random bytes determined by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let mut s = seed;
+    for chunk in out.chunks_mut(8) {
+        let word = splitmix(&mut s).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+    out
+}
+
 /// Debian's Python, which has python3-scapy (not a pyenv or venv one).
 pub const PYTHON: &str = "/usr/bin/python3";
 
