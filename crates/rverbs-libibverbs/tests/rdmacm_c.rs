@@ -210,3 +210,17 @@ fn destroy_waits_for_the_ids_events() {
     let (ok, text) = common::run_program(&exe, &[], &dir.0, &[("ASAN_OPTIONS", "detect_leaks=0")]);
     assert!(ok && text.contains("done"), "{text}");
 }
+
+/// A channel destroyed while threads use it (`c/rdmacm_channel_race.c`,
+/// Debian 12's rping at exit): a thread waiting in `rdma_get_cm_event`
+/// goes on waiting, and a call made with the destroyed channel fails with
+/// EBADF instead of reading freed memory.
+#[test]
+fn a_destroyed_channel_neither_wakes_its_waiter_nor_crashes_a_late_caller() {
+    let dir = common::LibDir::with_rdmacm("channel-race");
+    let Some(exe) = compile(&dir.0, "rdmacm_channel_race", &["-O1", "-g"]) else {
+        return;
+    };
+    let (ok, text) = common::run_program(&exe, &[], &dir.0, &[]);
+    assert!(ok && text.contains("done"), "{text}");
+}

@@ -16,12 +16,14 @@
 //! devices open); a QP made through an id without a PD uses that device's
 //! one PD, and without CQs gets its own CQs and completion channels.
 
+use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::ptr;
 use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t, AF_INET, AF_INET6};
 use rverbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventParam, PortSpace};
@@ -67,8 +69,34 @@ fn context_of(dev: &rverbs::Device) -> Option<(*mut ibv_context, *mut ibv_pd)> {
 #[repr(C)]
 pub(crate) struct Channel {
     c: rdma_event_channel,
-    rust: EventChannel,
+    /// The channel; `None` once `rdma_destroy_event_channel` has run. A
+    /// thread waiting in `rdma_get_cm_event` then holds a clone of its
+    /// own and goes on waiting, as a `read` of librdmacm's descriptor
+    /// blocked in the kernel does.
+    rust: Mutex<Option<EventChannel>>,
 }
+
+impl Channel {
+    /// The channel, unless destroyed.
+    fn events(&self) -> Option<EventChannel> {
+        lock(&self.rust).clone()
+    }
+}
+
+/// How many destroyed channels' memory is kept (see
+/// [`rdma_destroy_event_channel`]).
+const RETIRED_CHANNELS: usize = 64;
+
+/// Destroyed channels, newest last: their memory is freed only
+/// [`RETIRED_CHANNELS`] destroys later.
+static RETIRED: Mutex<VecDeque<RetiredChannel>> = Mutex::new(VecDeque::new());
+
+/// A destroyed channel's memory, kept for threads that still call with it.
+struct RetiredChannel(#[allow(dead_code)] Box<Channel>);
+
+/// How long a call with a destroyed channel waits before it fails (see
+/// [`rdma_destroy_event_channel`]).
+const DESTROYED_CHANNEL_GRACE: Duration = Duration::from_secs(1);
 
 /// An id as C sees it.
 #[repr(C)]
@@ -319,16 +347,16 @@ impl Id {
             return 0;
         }
         self.ack_held();
-        let Some(ch) = self.channel() else {
+        let Some(ch) = self.channel().and_then(Channel::events) else {
             return neg(libc::EINVAL);
         };
         let ev = if wait {
-            match ch.rust.get_event() {
+            match ch.get_event() {
                 Ok(ev) => ev,
                 Err(e) => return neg(errno_of(&e)),
             }
         } else {
-            match ch.rust.try_get_event() {
+            match ch.try_get_event() {
                 Some(ev) => ev,
                 None => return 0,
             }
@@ -538,7 +566,7 @@ fn new_channel(rust: EventChannel) -> *mut Channel {
     let fd = rust.as_fd_raw();
     Box::into_raw(Box::new(Channel {
         c: rdma_event_channel { fd },
-        rust,
+        rust: Mutex::new(Some(rust)),
     }))
 }
 
@@ -553,14 +581,37 @@ impl RawFdOf for EventChannel {
     }
 }
 
-/// `rdma_destroy_event_channel`.
+/// `rdma_destroy_event_channel`: the channel goes (its descriptor is
+/// closed once no thread waits on it), but its memory stays for the next
+/// [`RETIRED_CHANNELS`] destroys.
+///
+/// Programs race here: rping as Debian 12 ships it destroys the channel
+/// and returns from `main` while its event thread may be between two
+/// `rdma_get_cm_event` calls, which then reads the freed channel. With
+/// librdmacm that thread usually already sleeps in the kernel; here a
+/// late call finds the channel destroyed, waits
+/// [`DESTROYED_CHANNEL_GRACE`] (an exiting process is gone by then) and
+/// fails with EBADF instead of crashing.
 pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
         if !channel.is_null() {
             // SAFETY: a channel from rdma_create_event_channel, destroyed once.
-            drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+            let shell = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+            let rust = lock(&shell.rust).take();
+            drop(rust);
+            let mut retired = lock(&RETIRED);
+            retired.push_back(RetiredChannel(shell));
+            if retired.len() > RETIRED_CHANNELS {
+                retired.pop_front();
+            }
         }
     });
+}
+
+/// A call with a destroyed channel: see [`rdma_destroy_event_channel`].
+fn destroyed_channel() -> c_int {
+    std::thread::sleep(DESTROYED_CHANNEL_GRACE);
+    neg(libc::EBADF)
 }
 
 /// `rdma_get_cm_event`: the next event (waits unless the channel's fd is
@@ -577,8 +628,11 @@ pub(crate) unsafe extern "C" fn rdma_get_cm_event(
         if event.is_null() {
             return neg(libc::EINVAL);
         }
+        let Some(events) = ch.events() else {
+            return destroyed_channel();
+        };
         loop {
-            let ev = match ch.rust.get_event() {
+            let ev = match events.get_event() {
                 Ok(ev) => ev,
                 Err(e) => return neg(errno_of(&e)),
             };
@@ -635,7 +689,10 @@ pub(crate) unsafe extern "C" fn rdma_create_id(
         let Some(ch) = (unsafe { channel_ref(channel) }) else {
             return neg(libc::EINVAL);
         };
-        let rust = match CmId::new(&ch.rust, space) {
+        let Some(events) = ch.events() else {
+            return neg(libc::EBADF);
+        };
+        let rust = match CmId::new(&events, space) {
             Ok(r) => r,
             Err(e) => return neg(errno_of(&e)),
         };
@@ -693,8 +750,8 @@ pub(crate) unsafe extern "C" fn rdma_migrate_id(
                 Err(e) => return neg(errno_of(&e)),
             };
             // SAFETY: just made; owned by the id from now.
-            let own = unsafe { Box::from_raw(new_channel(rust)) };
-            w.rust.migrate(&own.rust);
+            let own = unsafe { Box::from_raw(new_channel(rust.clone())) };
+            w.rust.migrate(&rust);
             w.c.channel = ptr::from_ref(&own.c).cast_mut();
             w.own_channel = Some(own);
             return 0;
@@ -703,7 +760,10 @@ pub(crate) unsafe extern "C" fn rdma_migrate_id(
         let Some(ch) = (unsafe { channel_ref(channel) }) else {
             return neg(libc::EINVAL);
         };
-        w.rust.migrate(&ch.rust);
+        let Some(events) = ch.events() else {
+            return neg(libc::EBADF);
+        };
+        w.rust.migrate(&events);
         w.c.channel = channel;
         // Its own channel (if it was synchronous) goes, emptied.
         w.own_channel = None;
@@ -733,7 +793,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_addr(
     dst_addr: *mut sockaddr,
     timeout_ms: c_int,
 ) -> c_int {
-    let timeout = std::time::Duration::from_millis(u64::from(timeout_ms as u32));
+    let timeout = Duration::from_millis(u64::from(timeout_ms as u32));
     guard(-1, || {
         // SAFETY: the program's id and addresses, or NULL.
         let (Some(w), Some(dst)) = (unsafe { id_ref(id) }, unsafe { socket_addr(dst_addr) }) else {
@@ -1093,10 +1153,10 @@ pub(crate) unsafe extern "C" fn rdma_get_request(
             return neg(libc::EINVAL);
         }
         l.ack_held();
-        let Some(ch) = l.channel() else {
+        let Some(ch) = l.channel().and_then(Channel::events) else {
             return neg(libc::EINVAL);
         };
-        let ev = match ch.rust.get_event() {
+        let ev = match ch.get_event() {
             Ok(ev) => ev,
             Err(e) => return neg(errno_of(&e)),
         };
@@ -1125,8 +1185,8 @@ pub(crate) unsafe extern "C" fn rdma_get_request(
             Err(e) => return neg(errno_of(&e)),
         };
         // SAFETY: just made.
-        let own = unsafe { Box::from_raw(new_channel(rust)) };
-        nw.rust.migrate(&own.rust);
+        let own = unsafe { Box::from_raw(new_channel(rust.clone())) };
+        nw.rust.migrate(&rust);
         nw.c.channel = ptr::from_ref(&own.c).cast_mut();
         nw.own_channel = Some(own);
         nw.c.event = c;
