@@ -89,10 +89,7 @@ const RETIRED_CHANNELS: usize = 64;
 
 /// Destroyed channels, newest last: their memory is freed only
 /// [`RETIRED_CHANNELS`] destroys later.
-static RETIRED: Mutex<VecDeque<RetiredChannel>> = Mutex::new(VecDeque::new());
-
-/// A destroyed channel's memory, kept for threads that still call with it.
-struct RetiredChannel(#[allow(dead_code)] Box<Channel>);
+static RETIRED: Mutex<VecDeque<Box<Channel>>> = Mutex::new(VecDeque::new());
 
 /// How long a call with a destroyed channel waits before it fails (see
 /// [`rdma_destroy_event_channel`]).
@@ -597,10 +594,9 @@ pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_ev
         if !channel.is_null() {
             // SAFETY: a channel from rdma_create_event_channel, destroyed once.
             let shell = unsafe { Box::from_raw(channel.cast::<Channel>()) };
-            let rust = lock(&shell.rust).take();
-            drop(rust);
+            drop(lock(&shell.rust).take());
             let mut retired = lock(&RETIRED);
-            retired.push_back(RetiredChannel(shell));
+            retired.push_back(shell);
             if retired.len() > RETIRED_CHANNELS {
                 retired.pop_front();
             }
