@@ -7,12 +7,12 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr;
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
-use rverbs::CompletionChannel;
 use rverbs_ibverbs_abi::abi::*;
 
 use crate::ffi::{errno_of, guard, lock, neg, null};
-use crate::handles::{context_ref, counter, destroy_wrapper, refcnt, wrapper, Channel, Cq};
+use crate::handles::{self, context_ref, counter, refcnt, wrapper, Channel, Cq, Retired};
 
 export! { "IBVERBS_1.0"
     /// `ibv_create_comp_channel`: `fd` is a real, pollable descriptor a
@@ -33,7 +33,7 @@ export! { "IBVERBS_1.0"
                     };
                     Box::into_raw(Box::new(Channel {
                         ibv: UnsafeCell::new(ibv),
-                        rust: Some(ch),
+                        rust: Mutex::new(Some(ch)),
                     }))
                     .cast()
                 }
@@ -45,25 +45,41 @@ export! { "IBVERBS_1.0"
 
 export! { "IBVERBS_1.0"
     /// `ibv_destroy_comp_channel`: EBUSY (returned) while CQs use it.
+    /// The channel goes (its descriptor is closed once no thread waits on
+    /// it), but its memory stays a while (see [`Retired`]): a thread still
+    /// waiting in `ibv_get_cq_event` goes on waiting, as one blocked in
+    /// libibverbs' `read` does, and a late call with it waits a second and
+    /// fails with EBADF instead of crashing.
     pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
         guard(libc::EIO, || {
-            if channel.is_null() {
+            // SAFETY: a channel from ibv_create_comp_channel, or NULL.
+            let Some(w) = (unsafe { wrapper::<_, Channel>(channel) }) else {
                 return libc::EINVAL;
-            }
+            };
             if refcnt(channel).load(Ordering::Acquire) != 0 {
                 return libc::EBUSY;
             }
-            // SAFETY: a channel from ibv_create_comp_channel, not destroyed.
-            unsafe {
-                destroy_wrapper(
-                    channel.cast::<Channel>(),
-                    |w| ptr::addr_of_mut!((*w).rust),
-                    CompletionChannel::destroy,
-                )
+            let mut slot = lock(&w.rust);
+            let Some(ch) = slot.take() else {
+                drop(slot);
+                return handles::destroyed_channel();
+            };
+            if let Err(rejected) = ch.destroy() {
+                let errno = errno_of(rejected.error());
+                *slot = Some(rejected.into_inner());
+                return errno;
             }
+            drop(slot);
+            // SAFETY: made by Box::into_raw in ibv_create_comp_channel; the
+            // one place that takes it back (the slot was full).
+            RETIRED.keep(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+            0
         })
     }
 }
+
+/// Destroyed completion channels, kept a while (see [`Retired`]).
+static RETIRED: Retired<Channel> = Retired::new();
 
 export! { "IBVERBS_1.1"
     /// `ibv_get_cq_event`: reads the channel (blocking, unless the program
@@ -75,8 +91,11 @@ export! { "IBVERBS_1.1"
     ) -> c_int {
         guard(-1, || {
             // SAFETY: a channel from ibv_create_comp_channel, or NULL.
-            let Some(ch) = (unsafe { wrapper::<_, Channel>(channel) }).and_then(|c| c.rust.as_ref()) else {
+            let Some(w) = (unsafe { wrapper::<_, Channel>(channel) }) else {
                 return neg(libc::EINVAL);
+            };
+            let Some(ch) = w.handle() else {
+                return neg(handles::destroyed_channel());
             };
             let ev = match ch.get_cq_event() {
                 Ok(ev) => ev,

@@ -48,10 +48,11 @@ fn create_cq(
         return null(libc::EINVAL);
     };
     // SAFETY: a channel from ibv_create_comp_channel, or NULL.
-    let ch = unsafe { wrapper::<_, Channel>(channel) };
-    if !channel.is_null() && ch.and_then(|c| c.rust.as_ref()).is_none() {
+    let ch = unsafe { wrapper::<_, Channel>(channel) }.map(Channel::handle);
+    if !channel.is_null() && ch.as_ref().is_none_or(Option::is_none) {
         return null(libc::EINVAL);
     }
+    let ch = ch.flatten();
     let mut ibv = ibv_cq_ex::default();
     ibv.context = context;
     ibv.channel = channel;
@@ -73,7 +74,7 @@ fn create_cq(
         .cqe(cqe)
         .comp_vector(vector)
         .user_data(cq as u64);
-    if let Some(c) = ch.and_then(|c| c.rust.as_ref()) {
+    if let Some(c) = &ch {
         b = b.channel(c);
     }
     match b.build() {

@@ -213,7 +213,66 @@ pub(crate) struct Mw {
 pub(crate) struct Channel {
     /// `refcnt` is updated atomically (interior mutability).
     pub(crate) ibv: UnsafeCell<ibv_comp_channel>,
-    pub(crate) rust: Option<CompletionChannel>,
+    /// The channel; `None` once `ibv_destroy_comp_channel` has run. A
+    /// thread waiting in `ibv_get_cq_event` holds a clone of its own and
+    /// goes on waiting, as a `read` of libibverbs' descriptor blocked in
+    /// the kernel does.
+    pub(crate) rust: Mutex<Option<CompletionChannel>>,
+}
+
+// SAFETY: the C struct's one pointer, `context`, is only ever handed back
+// to C, never dereferenced through a channel; its `refcnt` is accessed
+// atomically (`refcnt`); the rverbs channel is behind a mutex.
+unsafe impl Send for Channel {}
+
+impl Channel {
+    /// The channel, unless destroyed.
+    pub(crate) fn handle(&self) -> Option<CompletionChannel> {
+        crate::ffi::lock(&self.rust).clone()
+    }
+}
+
+/// How many destroyed channels of one kind a [`Retired`] keeps.
+const RETIRED_CHANNELS: usize = 64;
+
+/// How long a call with a destroyed channel waits before it fails (see
+/// [`Retired`]).
+const DESTROYED_CHANNEL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Destroyed channels (completion or connection-manager event channels),
+/// newest last, whose memory is freed only [`RETIRED_CHANNELS`] destroys
+/// later.
+///
+/// Programs race here: rping as Debian 12 ships it destroys its channels
+/// and returns from `main` while its event thread may be between two calls
+/// that wait on a channel, and the next call then reads freed memory. With
+/// the C libraries that thread usually already sleeps in the kernel's
+/// `read`; here a late call finds the channel destroyed, waits
+/// [`DESTROYED_CHANNEL_GRACE`] (an exiting process is gone by then; see
+/// [`destroyed_channel`]) and fails with EBADF instead of crashing.
+pub(crate) struct Retired<T>(Mutex<VecDeque<Box<T>>>);
+
+impl<T> Retired<T> {
+    /// An empty list.
+    pub(crate) const fn new() -> Retired<T> {
+        Retired(Mutex::new(VecDeque::new()))
+    }
+
+    /// Keeps `shell` (a destroyed channel's memory) for a while.
+    pub(crate) fn keep(&self, shell: Box<T>) {
+        let mut retired = crate::ffi::lock(&self.0);
+        retired.push_back(shell);
+        if retired.len() > RETIRED_CHANNELS {
+            retired.pop_front();
+        }
+    }
+}
+
+/// A call with a destroyed channel: see [`Retired`]. Returns the errno,
+/// EBADF.
+pub(crate) fn destroyed_channel() -> c_int {
+    std::thread::sleep(DESTROYED_CHANNEL_GRACE);
+    libc::EBADF
 }
 
 /// A channel's `refcnt`, updated atomically (CQs may be made and destroyed

@@ -49,6 +49,21 @@ fn memory_windows_bind_invalidate_and_fail_as_on_rxe_in_c() {
     }
 }
 
+/// A completion channel destroyed while threads use it
+/// (`c/comp_channel_race.c`): a thread waiting in `ibv_get_cq_event` goes
+/// on waiting, a call made with the destroyed channel fails with EBADF
+/// instead of reading freed memory, and the context closes.
+#[test]
+fn a_destroyed_comp_channel_neither_wakes_its_waiter_nor_crashes_a_late_caller() {
+    if let Some((ok, text)) = run_c(
+        "comp_channel_race",
+        include_str!("c/comp_channel_race.c"),
+        &[],
+    ) {
+        assert!(ok, "{text}");
+    }
+}
+
 #[test]
 fn rverbs_leak_check_names_what_was_left_alive() {
     let Some((ok, quiet)) = run_c("leaks", include_str!("c/leaks.c"), &[]) else {

@@ -16,7 +16,6 @@
 //! devices open); a QP made through an id without a PD uses that device's
 //! one PD, and without CQs gets its own CQs and completion channels.
 
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -32,7 +31,7 @@ use rverbs_ibverbs_abi::abi::*;
 
 use crate::convert::c_ah_attr;
 use crate::ffi::{errno_of, guard, lock, neg, null};
-use crate::handles::qp_ref;
+use crate::handles::{self, qp_ref, Retired};
 
 // ---- contexts and PDs ----------------------------------------------------
 
@@ -83,17 +82,8 @@ impl Channel {
     }
 }
 
-/// How many destroyed channels' memory is kept (see
-/// [`rdma_destroy_event_channel`]).
-const RETIRED_CHANNELS: usize = 64;
-
-/// Destroyed channels, newest last: their memory is freed only
-/// [`RETIRED_CHANNELS`] destroys later.
-static RETIRED: Mutex<VecDeque<Box<Channel>>> = Mutex::new(VecDeque::new());
-
-/// How long a call with a destroyed channel waits before it fails (see
-/// [`rdma_destroy_event_channel`]).
-const DESTROYED_CHANNEL_GRACE: Duration = Duration::from_secs(1);
+/// Destroyed channels, kept a while (see [`Retired`]).
+static RETIRED: Retired<Channel> = Retired::new();
 
 /// An id as C sees it.
 #[repr(C)]
@@ -579,35 +569,23 @@ impl RawFdOf for EventChannel {
 }
 
 /// `rdma_destroy_event_channel`: the channel goes (its descriptor is
-/// closed once no thread waits on it), but its memory stays for the next
-/// [`RETIRED_CHANNELS`] destroys.
-///
-/// Programs race here: rping as Debian 12 ships it destroys the channel
-/// and returns from `main` while its event thread may be between two
-/// `rdma_get_cm_event` calls, which then reads the freed channel. With
-/// librdmacm that thread usually already sleeps in the kernel; here a
-/// late call finds the channel destroyed, waits
-/// [`DESTROYED_CHANNEL_GRACE`] (an exiting process is gone by then) and
-/// fails with EBADF instead of crashing.
+/// closed once no thread waits on it), but its memory stays a while (see
+/// [`Retired`]): a late call with it waits a second and fails with EBADF
+/// instead of crashing.
 pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
         if !channel.is_null() {
             // SAFETY: a channel from rdma_create_event_channel, destroyed once.
             let shell = unsafe { Box::from_raw(channel.cast::<Channel>()) };
             drop(lock(&shell.rust).take());
-            let mut retired = lock(&RETIRED);
-            retired.push_back(shell);
-            if retired.len() > RETIRED_CHANNELS {
-                retired.pop_front();
-            }
+            RETIRED.keep(shell);
         }
     });
 }
 
-/// A call with a destroyed channel: see [`rdma_destroy_event_channel`].
+/// A call with a destroyed channel: see [`Retired`].
 fn destroyed_channel() -> c_int {
-    std::thread::sleep(DESTROYED_CHANNEL_GRACE);
-    neg(libc::EBADF)
+    neg(handles::destroyed_channel())
 }
 
 /// `rdma_get_cm_event`: the next event (waits unless the channel's fd is

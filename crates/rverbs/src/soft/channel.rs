@@ -53,6 +53,11 @@ impl ChannelCore {
         self.cqs.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Whether the channel was destroyed (or dropped).
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
     /// Releases the channel's accounting; idempotent.
     pub(crate) fn release(&self) {
         if !self.released.swap(true, Ordering::AcqRel) {

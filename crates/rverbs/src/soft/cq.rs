@@ -139,6 +139,12 @@ impl CqCore {
                     ),
                 ));
             }
+            if ch.is_released() {
+                return Err(Error::invalid(
+                    verb,
+                    format!("completion channel {} was destroyed", ch.handle),
+                ));
+            }
         }
         if !dev.cqs.try_acquire() {
             return Err(Error::new(

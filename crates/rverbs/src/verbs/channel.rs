@@ -29,6 +29,14 @@ use crate::verbs::cq::CompletionQueue;
 /// Its descriptor ([`AsFd`]) is real: `poll(2)` it, hand it to an event loop,
 /// or set `O_NONBLOCK` on it so that [`get_cq_event`](Self::get_cq_event)
 /// returns a `WouldBlock` error instead of blocking when nothing is pending.
+///
+/// Clones are handles to one channel, for a thread that waits on it while
+/// another may destroy it: [`destroy`](Self::destroy) through any handle ends
+/// the channel as a verbs object (its context no longer counts it and no CQ
+/// can be created on it), a handle still waiting goes on waiting as a `read`
+/// of libibverbs' descriptor does, and the descriptor closes when the last
+/// handle drops.
+#[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) core: Arc<ChannelCore>,
 }

@@ -78,6 +78,29 @@ fn blocking_get_waits_for_the_event() {
     });
 }
 
+/// A clone waits while another handle destroys the channel: the waiter
+/// keeps waiting, no CQ can be created on the destroyed channel, and the
+/// context no longer counts it.
+#[test]
+fn a_clone_keeps_waiting_on_a_destroyed_channel() {
+    let ctx = ctx();
+    let ch = ctx.create_comp_channel().unwrap();
+    let waiting = ch.clone();
+    let waiter = thread::spawn(move || waiting.get_cq_event_timeout(Duration::from_millis(300)));
+    thread::sleep(Duration::from_millis(50));
+    let other = ch.clone();
+    ch.destroy().unwrap();
+    let err = ctx.cq_builder().cqe(4).channel(&other).build().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert_eq!(ctx.resources().total(), 0, "{:?}", ctx.live_resources());
+    assert!(
+        matches!(waiter.join().unwrap(), Ok(None)),
+        "timed out, no event"
+    );
+    drop(other);
+    ctx.close().unwrap();
+}
+
 #[test]
 fn nonblocking_fd_gives_would_block_timeout_and_try_give_none() {
     let ctx = ctx();
