@@ -1005,6 +1005,56 @@ fn a_dead_peers_forked_child_does_not_keep_its_link() {
     drop(first);
 }
 
+/// A peer that dies while a deregistration waits for it to copy from the
+/// MR: the wait ends when the peer is found dead, not when it gives up
+/// after 5 s (`local_copy_waits_given_up`).
+#[test]
+fn a_peer_dying_while_a_deregistration_waits_ends_the_wait() {
+    if std::env::var_os(ROLE).is_some() {
+        return;
+    }
+    let _one = serial();
+    let dev = device_at("sh-midwait", 60);
+    let me = Local::open(&dev, LOCAL_MR_LEN);
+    let mut first = Peer::start(addr(61), false, &me.qp, &me.mr, &opts());
+    write_and_check(&me, &mut first, 0x7100, "a WRITE while the peer lives");
+
+    // Stop the peer, so it takes nothing; WRITE a MiB from an MR of its
+    // own (the payload stays there for the peer to copy); deregister it
+    // on another thread, which waits; then kill the peer.
+    stop(&first);
+    let source = me.pd.alloc_mr(1 << 20, ALL).unwrap();
+    let s = [sge(&source, 0, 1 << 20)];
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: first.remote.addr + WRITE_AT as u64,
+        rkey: first.remote.rkey,
+    };
+    me.qp
+        .post_send(&SendWr::new(2, write, &s).signaled())
+        .unwrap();
+    let before = dev.net_stats();
+    let dereg = std::thread::spawn(move || drop(source));
+    std::thread::sleep(Duration::from_millis(200));
+    first.process.child.kill().unwrap();
+    first.process.child.wait().unwrap();
+    dereg.join().unwrap();
+    let after = dev.net_stats();
+    if !path_off_here() {
+        assert!(after.local_links >= 1, "{after:?}");
+    }
+    assert_eq!(
+        after.local_copy_waits_given_up, before.local_copy_waits_given_up,
+        "deregistration waited for the dead peer until it gave up: {after:?}"
+    );
+    let wc = wait_n(&me.cq, 1, STEP, "the WRITE to the dead peer")[0];
+    assert_eq!(wc.wr_id, 2, "{wc:?}");
+    assert!(
+        matches!(wc.status, WcStatus::RetryExcErr | WcStatus::LocProtErr),
+        "{wc:?}"
+    );
+    drop(first);
+}
+
 /// One process, two devices, one link: 8 RC QP pairs each WRITE two
 /// 2 MiB messages at once (32 MiB against a 16 MiB ring, so the ring
 /// fills). Every byte arrives, and nothing is resent on either device: the

@@ -602,18 +602,23 @@ impl Engine {
     /// peer that does not keep up within `limit` (stopped, or dying) is
     /// waited for no longer; one whose device is gone reads nothing more.
     pub(crate) fn await_peer_copies(&self, limit: Duration) {
+        // Each peer by its address and process: (progress, head, peer).
         let mut pending = Vec::new();
         let _ = self.locked(|st| {
             for link in st.links.list.iter().filter(|l| l.cma && !l.peer_gone()) {
-                pending.push(link.tx.progress());
+                let (progress, head) = link.tx.progress();
+                pending.push((progress, head, (link.peer, link.peer_pid)));
             }
         });
-        if pending.is_empty() {
-            return;
-        }
         let until = Instant::now() + limit;
-        while pending.iter().any(|(p, head)| p.consumed() < *head) {
-            if Instant::now() >= until {
+        let mut looked_at = Instant::now();
+        loop {
+            pending.retain(|(p, head, _)| p.consumed() < *head);
+            if pending.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            if now >= until {
                 tracing::warn!(
                     local = %self.local_addr,
                     "a same-host peer did not take its packets within {limit:?}; \
@@ -621,6 +626,19 @@ impl Engine {
                 );
                 let _ = self.locked(|st| st.stats.local_copy_waits_given_up += 1);
                 return;
+            }
+            // A peer that dies meanwhile reads nothing more: its link's
+            // liveness is looked at again (at most once per PEER_CHECK).
+            if now.saturating_duration_since(looked_at) >= PEER_CHECK {
+                looked_at = now;
+                let _ = self.locked(|st| {
+                    pending.retain(|(_, _, (ip, pid))| {
+                        st.links
+                            .list
+                            .iter()
+                            .any(|l| l.peer == *ip && l.peer_pid == *pid && !l.peer_gone())
+                    });
+                });
             }
             // The peer may be waiting for its doorbell's packets to be seen.
             std::thread::sleep(Duration::from_micros(50));
