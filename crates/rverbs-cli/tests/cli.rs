@@ -383,6 +383,46 @@ const SMALL_LAT_AND_WRITE: [&str; 8] = [
     "100",
 ];
 
+/// `--udp-pair`: the latency test gets a second row whose baseline is a
+/// UDP ping-pong of RoCE's pair per hop (busy-polled, and blocking with
+/// `--udp-blocking`), with its own figures and ratio; with `--pairs 2`
+/// each pair runs both rows.
+#[test]
+fn bench_udp_pair_adds_a_latency_row_against_roces_pair() {
+    for (extra, label, pairs) in [
+        (vec![], "udp pair ping-pong", 1),
+        (
+            vec!["--udp-blocking", "--pairs", "2"],
+            "udp pair blocking",
+            2,
+        ),
+    ] {
+        let mut args = vec![
+            "--path",
+            "wire",
+            "--tests",
+            "lat",
+            "--iters",
+            "200",
+            "--rounds",
+            "2",
+            "--udp-pair",
+        ];
+        args.extend(extra);
+        let (rows, _) = bench_json(&args, std::time::Duration::from_secs(300));
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(rows[0]["test"], "send_lat", "{rows:?}");
+        assert_eq!(rows[1]["test"], "send_lat", "{rows:?}");
+        assert_ne!(rows[0]["baseline"], rows[1]["baseline"], "{rows:?}");
+        assert_eq!(rows[1]["baseline"], label, "{rows:?}");
+        for row in &rows {
+            assert!(num(row, "baseline_value") > 0.0, "{row}");
+            assert!(num(row, "ratio") > 0.0, "{row}");
+            assert_eq!(row["baseline_messages"], 200 * pairs, "{row}");
+        }
+    }
+}
+
 /// `--pairs 2`: two client/server process pairs run each phase at once,
 /// the baselines too. Every row has both pairs' own figures, each pair
 /// made progress on both sides, and the row's figures are theirs together.

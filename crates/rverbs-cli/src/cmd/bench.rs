@@ -166,6 +166,13 @@ pub struct BenchArgs {
     /// UDP processes on one core take turns a scheduler slice at a time.
     #[arg(long)]
     pub udp_blocking: bool,
+    /// The latency test gets a second row, whose UDP ping-pong baseline
+    /// sends per hop what rverbs puts on the wire: the message with its
+    /// RoCE headers (16 bytes more) and a 20-byte ACK as one two-segment
+    /// GSO datagram (`UDP_SEGMENT`), received with `UDP_GRO` — the kernel's
+    /// part of a RoCE ping-pong hop, without rverbs' own work.
+    #[arg(long)]
+    pub udp_pair: bool,
     /// Round trips of the latency test (per pair with --pairs).
     #[arg(long, default_value_t = 20_000)]
     pub iters: u32,
@@ -418,6 +425,8 @@ struct PairRow {
     baseline_cpu_ns: u64,
     /// Request packets both devices resent during the row.
     resent: u64,
+    /// A latency row whose baseline sends RoCE's pair per hop (`--udp-pair`).
+    pair_baseline: bool,
 }
 
 /// How long one side of a round runs: a number of operations (work
@@ -786,8 +795,13 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                 // Busy-polled as the RDMA side polls its CQ; with --event
                 // it blocks, as the RDMA side sleeps on its channel (and
                 // with --udp-blocking, whose client says "block").
-                sock.set_nonblocking(!event && mode != ["block"])?;
-                let mut buf = vec![0u8; size.parse::<usize>()?.max(1)];
+                sock.set_nonblocking(!event && !mode.contains(&"block"))?;
+                let size = size.parse::<usize>()?;
+                let pair = mode
+                    .contains(&"pair")
+                    .then(|| RocePair::new(&sock, size))
+                    .transpose()?;
+                let mut buf = vec![0u8; size.max(1).max(PAIR_RECV_BUFFER)];
                 let mut done = 0u64;
                 while want.is_none_or(|w| done < w) {
                     let (n, from) = spin(|| sock.recv_from(&mut buf))?;
@@ -796,7 +810,12 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                     if n == 0 {
                         break;
                     }
-                    sock.send_to(&buf[..n], from)?;
+                    match &pair {
+                        Some(pair) => pair.send(&sock, &buf, Some(from))?,
+                        None => {
+                            sock.send_to(&buf[..n], from)?;
+                        }
+                    }
                     done += 1;
                 }
             }
@@ -1227,14 +1246,23 @@ fn tcp_stream(control: &mut TcpStream, size: usize, span: Span, gate: &mut Gate)
     })
 }
 
+/// The UDP ping-pong baseline's client: `(blocking, pair)` — whether it
+/// blocks in `recv` rather than busy-polling, and whether each hop is
+/// RoCE's pair (see [`RocePair`]) rather than one datagram of `size`.
 fn udp_pingpong(
     control: &mut TcpStream,
     size: usize,
     span: Span,
-    blocking: bool,
+    (blocking, pair): (bool, bool),
     gate: &mut Gate,
 ) -> Result<Side> {
-    let mode = if blocking { " block" } else { "" };
+    let mut mode = String::new();
+    if blocking {
+        mode.push_str(" block");
+    }
+    if pair {
+        mode.push_str(" pair");
+    }
     send_line(control, &format!("udp {size} {}{mode}", span.wire()))?;
     let port = line(control)?;
     let port = port
@@ -1243,14 +1271,20 @@ fn udp_pingpong(
     let sock = UdpSocket::bind("127.0.0.1:0")?;
     sock.connect(format!("127.0.0.1:{port}"))?;
     sock.set_nonblocking(!blocking)?;
-    let payload = vec![0x5au8; size.max(1)];
-    let mut buf = vec![0u8; size.max(1)];
+    let pair = pair.then(|| RocePair::new(&sock, size)).transpose()?;
+    let payload = vec![0x5au8; pair.as_ref().map_or(size.max(1), RocePair::len)];
+    let mut buf = vec![0u8; payload.len().max(PAIR_RECV_BUFFER)];
     let mut samples = Vec::with_capacity(span.count().unwrap_or(1 << 16) as usize);
     gate.go()?;
     let start = Instant::now();
     while span.more(samples.len() as u64, start) {
         let t = Instant::now();
-        sock.send(&payload)?;
+        match &pair {
+            Some(pair) => pair.send(&sock, &payload, None)?,
+            None => {
+                sock.send(&payload)?;
+            }
+        }
         spin(|| sock.recv(&mut buf))?;
         samples.push((t.elapsed().as_nanos() / 2) as u64);
     }
@@ -1265,6 +1299,57 @@ fn udp_pingpong(
         samples_ns: samples,
         ..Side::default()
     })
+}
+
+/// A receive buffer that takes a whole GRO batch of RoCE's pair.
+const PAIR_RECV_BUFFER: usize = 65536;
+
+/// The `--udp-pair` baseline's hop: what rverbs sends per hop of a SEND
+/// ping-pong over the wire — the reply (BTH, payload, ICRC: `size` + 16
+/// bytes) and the ACK it carries for the message before (BTH, AETH,
+/// ICRC: 20 bytes) as one two-segment GSO datagram, which the peer's
+/// socket (`UDP_GRO` on) takes in one receive.
+struct RocePair {
+    /// The two segments' sizes, the longer first (a GSO send's last
+    /// segment may be shorter than the rest, not longer).
+    segments: (usize, usize),
+}
+
+impl RocePair {
+    /// The pair for `size`-byte messages; turns `UDP_GRO` on for `sock`.
+    fn new(sock: &UdpSocket, size: usize) -> Result<RocePair> {
+        use nix::sys::socket::{setsockopt, sockopt::UdpGroSegment};
+        setsockopt(sock, UdpGroSegment, &true).context("turning UDP_GRO on")?;
+        let (reply, ack) = (size + 16, 20);
+        Ok(RocePair {
+            segments: (reply.max(ack), reply.min(ack)),
+        })
+    }
+
+    /// Bytes of one pair.
+    fn len(&self) -> usize {
+        self.segments.0 + self.segments.1
+    }
+
+    /// Sends the pair from `buf` (at least [`len`](Self::len) bytes) as
+    /// one GSO datagram, to `to` or the connected peer.
+    fn send(&self, sock: &UdpSocket, buf: &[u8], to: Option<std::net::SocketAddr>) -> Result<()> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+        use std::os::fd::AsRawFd;
+        let segment = u16::try_from(self.segments.0).context("message too long for a GSO pair")?;
+        let iov = [std::io::IoSlice::new(&buf[..self.len()])];
+        let cmsg = [ControlMessage::UdpGsoSegments(&segment)];
+        let to = to.map(SockaddrStorage::from);
+        sendmsg(
+            sock.as_raw_fd(),
+            &iov,
+            &cmsg,
+            MsgFlags::empty(),
+            to.as_ref(),
+        )
+        .context("sending a UDP GSO pair (UDP_SEGMENT; a kernel without UDP GSO refuses it)")?;
+        Ok(())
+    }
 }
 
 /// Busy-polls a non-blocking receive, as the RDMA side busy-polls its CQ:
@@ -1483,8 +1568,12 @@ fn run_pair(
     for &test in &args.tests {
         if test == Test::Lat {
             for p in &mut paths {
-                let row = latency_row(args, &p.rig, &mut p.server.control, gate)?;
+                let row = latency_row(args, &p.rig, &mut p.server.control, gate, false)?;
                 rows.push(mark(row, p));
+                if args.udp_pair && !args.no_baseline {
+                    let row = latency_row(args, &p.rig, &mut p.server.control, gate, true)?;
+                    rows.push(mark(row, p));
+                }
             }
         } else {
             for &size in &args.sizes {
@@ -1519,6 +1608,7 @@ fn latency_row(
     rig: &Rig,
     control: &mut TcpStream,
     gate: &mut Gate,
+    pair_baseline: bool,
 ) -> Result<PairRow> {
     let size = args.lat_size;
     let span = round_time(args).map_or_else(
@@ -1546,7 +1636,8 @@ fn latency_row(
             None
         } else {
             Some(bill.charge(control, true, |control| {
-                udp_pingpong(control, size, span, args.event || args.udp_blocking, gate)
+                let blocking = args.event || args.udp_blocking;
+                udp_pingpong(control, size, span, (blocking, pair_baseline), gate)
             })?)
         };
         rounds.push(Round { ours, baseline });
@@ -1562,6 +1653,7 @@ fn latency_row(
         cpu_ns: bill.ours.as_nanos() as u64,
         baseline_cpu_ns: bill.baseline.as_nanos() as u64,
         resent: resent(control)?.saturating_sub(resent_before),
+        pair_baseline,
     })
 }
 
@@ -1625,6 +1717,7 @@ fn bandwidth_row(
         cpu_ns: bill.ours.as_nanos() as u64,
         baseline_cpu_ns: bill.baseline.as_nanos() as u64,
         resent: resent(control)?.saturating_sub(resent_before),
+        pair_baseline: false,
     })
 }
 
@@ -1774,6 +1867,7 @@ fn memcpy_row(
         cpu_ns: cpu.as_nanos() as u64,
         baseline_cpu_ns: 0,
         resent: 0,
+        pair_baseline: false,
     })
 }
 
@@ -1835,7 +1929,11 @@ fn run_pairs(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> Result<Vec<
     let rows = args
         .tests
         .iter()
-        .map(|&t| if t == Test::Lat { 1 } else { args.sizes.len() })
+        .map(|&t| match t {
+            // With --udp-pair, a second row against RoCE's pair.
+            Test::Lat => 1 + usize::from(args.udp_pair && !args.no_baseline),
+            _ => args.sizes.len(),
+        })
         .sum::<usize>()
         * wanted_paths(args).len();
     let memcpy_rows = if measures_memcpy(args) {
@@ -1946,6 +2044,7 @@ fn summarize(
                 || p.test != head.test
                 || p.size != head.size
                 || p.path != head.path
+                || p.pair_baseline != head.pair_baseline
         }) {
             bail!("the pairs reported different rows");
         }
@@ -2036,10 +2135,11 @@ fn summarize(
         };
         let (cpu_units, base_units) = if head.latency {
             row.baseline = baseline.then(|| {
-                if args.event || args.udp_blocking {
-                    "udp blocking"
-                } else {
-                    "udp ping-pong"
+                match (args.event || args.udp_blocking, head.pair_baseline) {
+                    (true, false) => "udp blocking",
+                    (false, false) => "udp ping-pong",
+                    (true, true) => "udp pair blocking",
+                    (false, true) => "udp pair ping-pong",
                 }
                 .into()
             });
