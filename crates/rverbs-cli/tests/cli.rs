@@ -908,6 +908,7 @@ fn bench_bad_options_are_clear_errors() {
         &["--pin", "--cpus", "zero"],
         &["--path", "bogus"],
         &["--path", "wire,"],
+        &["--udp-pair", "--no-baseline"],
     ] {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
@@ -923,6 +924,27 @@ fn bench_bad_options_are_clear_errors() {
     let (ok, out, err) = rverbs(&["bench", "--pin", "--cpus", "100000"], None);
     assert!(!ok && out.is_empty());
     assert!(err.contains("may not run on CPU 100000"), "{err}");
+    // --udp-pair is the wire latency test's floor: without it, refused.
+    for (args, says) in [
+        (
+            &["--udp-pair", "--tests", "write"][..],
+            "--tests must include lat",
+        ),
+        (
+            &["--udp-pair", "--path", "same-host"],
+            "--path must include wire",
+        ),
+        (
+            &["--udp-pair", "--lat-size", "4097"],
+            "--lat-size at most 4096",
+        ),
+    ] {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        let (ok, out, err) = rverbs(&all, None);
+        assert!(!ok && out.is_empty(), "{args:?}: {out}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
     // An external server offers one path: asking for two is refused before
     // anything is reached.
     let (ok, out, err) = rverbs(

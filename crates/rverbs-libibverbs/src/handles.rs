@@ -9,8 +9,10 @@
 //! `ibv_close_device` alone — objects made through it keep what they need,
 //! as in libibverbs. The wrappers of PDs, MRs, MWs, channels, CQs, QPs, SRQs
 //! and AHs own their rverbs object (`rust`, an `Option` so a refused destroy can
-//! put it back); the rverbs object's `user_data` is the C pointer: async
-//! events and completion events name the C object through it.
+//! put it back; a completion channel's behind a mutex too, since a thread may
+//! wait on it while another destroys it); the rverbs object's `user_data` is
+//! the C pointer: async events and completion events name the C object
+//! through it. Destroyed channels' memory is kept a while ([`Retired`]).
 //!
 //! This module owns those wrappers, the lookups from a C pointer to its
 //! wrapper or rverbs object (`*_ref`), and the destroy and counter plumbing;
@@ -250,7 +252,25 @@ const DESTROYED_CHANNEL_GRACE: std::time::Duration = std::time::Duration::from_s
 /// `read`; here a late call finds the channel destroyed, waits
 /// [`DESTROYED_CHANNEL_GRACE`] (an exiting process is gone by then; see
 /// [`destroyed_channel`]) and fails with EBADF instead of crashing.
-pub(crate) struct Retired<T>(Mutex<VecDeque<Box<T>>>);
+pub(crate) struct Retired<T>(Mutex<VecDeque<Shell<T>>>);
+
+/// A destroyed channel's memory, freed when dropped. Held as a pointer,
+/// not a `Box`: threads that called in before the destroy may still hold
+/// references into it.
+struct Shell<T>(std::ptr::NonNull<T>);
+
+// SAFETY: a shell only ever frees its allocation (see Drop), from whichever
+// thread evicts it; `T: Send` makes that drop sound on any thread.
+unsafe impl<T: Send> Send for Shell<T> {}
+
+impl<T> Drop for Shell<T> {
+    fn drop(&mut self) {
+        // SAFETY: made by `Box::into_raw` and kept once (`Retired::keep`'s
+        // contract); freed here, its one free, RETIRED_CHANNELS destroys
+        // after its own.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
 
 impl<T> Retired<T> {
     /// An empty list.
@@ -258,13 +278,23 @@ impl<T> Retired<T> {
         Retired(Mutex::new(VecDeque::new()))
     }
 
-    /// Keeps `shell` (a destroyed channel's memory) for a while.
-    pub(crate) fn keep(&self, shell: Box<T>) {
-        let mut retired = crate::ffi::lock(&self.0);
-        retired.push_back(shell);
-        if retired.len() > RETIRED_CHANNELS {
-            retired.pop_front();
-        }
+    /// Keeps `shell` (a destroyed channel's memory) for a while, then
+    /// frees it.
+    ///
+    /// # Safety
+    /// `shell` comes from `Box::into_raw`, is not freed elsewhere, and is
+    /// kept once.
+    pub(crate) unsafe fn keep(&self, shell: *mut T) {
+        let Some(shell) = std::ptr::NonNull::new(shell) else {
+            return;
+        };
+        let evicted = {
+            let mut retired = crate::ffi::lock(&self.0);
+            retired.push_back(Shell(shell));
+            (retired.len() > RETIRED_CHANNELS).then(|| retired.pop_front())
+        };
+        // Freed outside the lock.
+        drop(evicted);
     }
 }
 

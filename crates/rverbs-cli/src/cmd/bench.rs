@@ -170,8 +170,9 @@ pub struct BenchArgs {
     /// sends per hop what rverbs puts on the wire: the message with its
     /// RoCE headers (16 bytes more) and a 20-byte ACK as one two-segment
     /// GSO datagram (`UDP_SEGMENT`), received with `UDP_GRO` — the kernel's
-    /// part of a RoCE ping-pong hop, without rverbs' own work.
-    #[arg(long)]
+    /// part of a RoCE ping-pong hop, without rverbs' own work. For the wire
+    /// path's latency test, with messages of at most 4096 bytes (one packet).
+    #[arg(long, conflicts_with = "no_baseline")]
     pub udp_pair: bool,
     /// Round trips of the latency test (per pair with --pairs).
     #[arg(long, default_value_t = 20_000)]
@@ -811,7 +812,10 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                         break;
                     }
                     match &pair {
-                        Some(pair) => pair.send(&sock, &buf, Some(from))?,
+                        Some(pair) => {
+                            pair.check_received(n)?;
+                            pair.send(&sock, &buf, Some(from))?;
+                        }
                         None => {
                             sock.send_to(&buf[..n], from)?;
                         }
@@ -1285,7 +1289,10 @@ fn udp_pingpong(
                 sock.send(&payload)?;
             }
         }
-        spin(|| sock.recv(&mut buf))?;
+        let n = spin(|| sock.recv(&mut buf))?;
+        if let Some(pair) = &pair {
+            pair.check_received(n)?;
+        }
         samples.push((t.elapsed().as_nanos() / 2) as u64);
     }
     if span.count().is_none() {
@@ -1303,6 +1310,10 @@ fn udp_pingpong(
 
 /// A receive buffer that takes a whole GRO batch of RoCE's pair.
 const PAIR_RECV_BUFFER: usize = 65536;
+
+/// The longest message `--udp-pair` models: one packet at the largest path
+/// MTU.
+const PAIR_MAX_MESSAGE: usize = 4096;
 
 /// The `--udp-pair` baseline's hop: what rverbs sends per hop of a SEND
 /// ping-pong over the wire — the reply (BTH, payload, ICRC: `size` + 16
@@ -1329,6 +1340,20 @@ impl RocePair {
     /// Bytes of one pair.
     fn len(&self) -> usize {
         self.segments.0 + self.segments.1
+    }
+
+    /// A receive of `n` bytes must be a whole pair: a kernel that hands
+    /// the segments over one by one (no `UDP_GRO`) would put the ping-pong
+    /// out of step.
+    fn check_received(&self, n: usize) -> Result<()> {
+        if n != self.len() {
+            bail!(
+                "--udp-pair: received {n} bytes where one GRO batch of {} was expected \
+                 (this kernel does not join the pair's segments)",
+                self.len()
+            );
+        }
+        Ok(())
     }
 
     /// Sends the pair from `buf` (at least [`len`](Self::len) bytes) as
@@ -1570,7 +1595,7 @@ fn run_pair(
             for p in &mut paths {
                 let row = latency_row(args, &p.rig, &mut p.server.control, gate, false)?;
                 rows.push(mark(row, p));
-                if args.udp_pair && !args.no_baseline {
+                if args.udp_pair && p.path == DataPath::Wire {
                     let row = latency_row(args, &p.rig, &mut p.server.control, gate, true)?;
                     rows.push(mark(row, p));
                 }
@@ -1926,16 +1951,17 @@ fn run_pairs(args: &BenchArgs, places: &[Option<(usize, usize)>]) -> Result<Vec<
     }
     // Phases: every rverbs row's rounds, each with its baseline's, then
     // the memcpy rows' rounds.
+    let paths = wanted_paths(args);
+    let wire = paths.iter().filter(|&&p| p == DataPath::Wire).count();
     let rows = args
         .tests
         .iter()
         .map(|&t| match t {
-            // With --udp-pair, a second row against RoCE's pair.
-            Test::Lat => 1 + usize::from(args.udp_pair && !args.no_baseline),
-            _ => args.sizes.len(),
+            // With --udp-pair, the wire's second row against RoCE's pair.
+            Test::Lat => paths.len() + if args.udp_pair { wire } else { 0 },
+            _ => args.sizes.len() * paths.len(),
         })
-        .sum::<usize>()
-        * wanted_paths(args).len();
+        .sum::<usize>();
     let memcpy_rows = if measures_memcpy(args) {
         args.sizes.len()
     } else {
@@ -2257,6 +2283,20 @@ pub fn bench(args: &BenchArgs, out: &mut impl Write) -> Result<Vec<Row>> {
     }
     if args.qps == 0 || args.qd == 0 {
         bail!("--qps and --qd must be at least 1");
+    }
+    if args.udp_pair {
+        if !args.tests.contains(&Test::Lat) {
+            bail!("--udp-pair adds a row to the latency test: --tests must include lat");
+        }
+        if !wanted_paths(args).contains(&DataPath::Wire) {
+            bail!("--udp-pair is the wire's floor: --path must include wire");
+        }
+        if args.lat_size > PAIR_MAX_MESSAGE {
+            bail!(
+                "--udp-pair sends a message as one RoCE packet: --lat-size at most \
+                 {PAIR_MAX_MESSAGE} (the largest path MTU)"
+            );
+        }
     }
     if let Some(addr) = &args.server {
         if wanted_paths(args).len() > 1 && args.path.is_some() {

@@ -574,12 +574,19 @@ impl RawFdOf for EventChannel {
 /// instead of crashing.
 pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
-        if !channel.is_null() {
-            // SAFETY: a channel from rdma_create_event_channel, destroyed once.
-            let shell = unsafe { Box::from_raw(channel.cast::<Channel>()) };
-            drop(lock(&shell.rust).take());
-            RETIRED.keep(shell);
-        }
+        // SAFETY: a channel from rdma_create_event_channel, or NULL; its
+        // memory stays valid after a destroy (kept a while).
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+            return;
+        };
+        // A second destroy finds it taken and keeps nothing.
+        let Some(events) = lock(&ch.rust).take() else {
+            return;
+        };
+        drop(events);
+        // SAFETY: made by Box::into_raw in rdma_create_event_channel, and
+        // kept once: only the destroy that took the channel gets here.
+        unsafe { RETIRED.keep(channel.cast::<Channel>()) };
     });
 }
 

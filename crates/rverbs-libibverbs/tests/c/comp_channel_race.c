@@ -13,16 +13,41 @@
 #include <stdio.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <infiniband/verbs.h>
 
 static struct ibv_comp_channel *ch;
 static volatile int waiter_returned;
+static volatile pid_t waiter_tid;
+
+/* Waits (up to 10 s) until thread `tid` sleeps (state S in
+ * /proc/self/task/TID/stat): then it is blocked inside the call. */
+static int wait_asleep(pid_t tid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+	for (int i = 0; i < 10000; i++) {
+		FILE *f = fopen(path, "r");
+		if (f) {
+			size_t n = fread(buf, 1, sizeof buf - 1, f);
+			fclose(f);
+			buf[n] = 0;
+			char *p = strrchr(buf, ')');
+			if (p && p[1] == ' ' && p[2] == 'S')
+				return 0;
+		}
+		usleep(1000);
+	}
+	return -1;
+}
 
 static void *waiter(void *arg)
 {
 	struct ibv_cq *cq;
 	void *ctx;
 	(void)arg;
+	waiter_tid = (pid_t)syscall(SYS_gettid);
 	ibv_get_cq_event(ch, &cq, &ctx);
 	waiter_returned = 1;
 	return NULL;
@@ -81,7 +106,12 @@ int main(void)
 		return 1;
 	}
 	pthread_create(&w, NULL, waiter, NULL);
-	usleep(100000); /* it waits in ibv_get_cq_event now */
+	while (!waiter_tid)
+		usleep(1000);
+	if (wait_asleep(waiter_tid)) {
+		printf("the waiting thread never blocked\n");
+		return 1;
+	}
 	rc = ibv_destroy_comp_channel(ch);
 	if (rc) {
 		printf("ibv_destroy_comp_channel: %d\n", rc);

@@ -2,7 +2,7 @@
 //! behind a pollable descriptor, and the count of CQs attached (libibverbs'
 //! `refcnt`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::error::{Error, Verb};
@@ -17,9 +17,14 @@ pub(crate) struct ChannelCore {
     pub(crate) ctx: Arc<ContextCore>,
     /// CQs whose armed notification fired, oldest first.
     pub(crate) queue: EventQueue<Weak<CqCore>>,
+    /// The CQs attached, and [`RELEASED`] once the channel is destroyed:
+    /// one word, so that attaching a CQ and destroying the channel cannot
+    /// both succeed when they race (each is one compare-and-swap).
     cqs: AtomicU32,
-    released: AtomicBool,
 }
+
+/// The bit of [`ChannelCore::cqs`] that says the channel was released.
+const RELEASED: u32 = 1 << 31;
 
 impl ChannelCore {
     pub(crate) fn create(ctx: &Arc<ContextCore>) -> Result<Arc<ChannelCore>, Error> {
@@ -31,7 +36,6 @@ impl ChannelCore {
             ctx: ctx.clone(),
             queue,
             cqs: AtomicU32::new(0),
-            released: AtomicBool::new(false),
         });
         ctx.ledger.add(ResourceKind::CompChannel, ch.handle);
         ctx.register_channel(&ch);
@@ -40,11 +44,17 @@ impl ChannelCore {
 
     /// CQs attached (created on it and not yet destroyed).
     pub(crate) fn cq_count(&self) -> u32 {
-        self.cqs.load(Ordering::Acquire)
+        self.cqs.load(Ordering::Acquire) & !RELEASED
     }
 
-    pub(crate) fn attach_cq(&self) {
-        self.cqs.fetch_add(1, Ordering::AcqRel);
+    /// Attaches a CQ; `false` if the channel was released (then nothing
+    /// changed).
+    pub(crate) fn try_attach_cq(&self) -> bool {
+        self.cqs
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n & RELEASED == 0).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// Detaches `cq`: forgets its pending notifications.
@@ -54,17 +64,41 @@ impl ChannelCore {
     }
 
     /// Whether the channel was destroyed (or dropped).
+    #[cfg(test)]
     pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::Acquire)
+        self.cqs.load(Ordering::Acquire) & RELEASED != 0
     }
 
-    /// Releases the channel's accounting; idempotent.
-    pub(crate) fn release(&self) {
-        if !self.released.swap(true, Ordering::AcqRel) {
-            self.ctx
-                .ledger
-                .remove(ResourceKind::CompChannel, self.handle);
+    /// Releases the channel (`destroy`) unless CQs are attached:
+    /// `Err(Some(n))` with `n` CQs attached, `Err(None)` if it was released
+    /// already.
+    pub(crate) fn try_release(&self) -> Result<(), Option<u32>> {
+        match self
+            .cqs
+            .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.forget();
+                Ok(())
+            }
+            Err(n) if n & RELEASED != 0 => Err(None),
+            Err(n) => Err(Some(n)),
         }
+    }
+
+    /// Releases the channel's accounting whatever is attached (its last
+    /// handle is gone); idempotent.
+    pub(crate) fn release(&self) {
+        if self.cqs.fetch_or(RELEASED, Ordering::AcqRel) & RELEASED == 0 {
+            self.forget();
+        }
+    }
+
+    /// Takes the channel out of its context's ledger.
+    fn forget(&self) {
+        self.ctx
+            .ledger
+            .remove(ResourceKind::CompChannel, self.handle);
     }
 }
 

@@ -139,12 +139,6 @@ impl CqCore {
                     ),
                 ));
             }
-            if ch.is_released() {
-                return Err(Error::invalid(
-                    verb,
-                    format!("completion channel {} was destroyed", ch.handle),
-                ));
-            }
         }
         if !dev.cqs.try_acquire() {
             return Err(Error::new(
@@ -155,6 +149,18 @@ impl CqCore {
                     dev.name, dev.attr.max_cq
                 ),
             ));
+        }
+        if let Some(ch) = channel {
+            // Attached only if the channel is not destroyed meanwhile: a
+            // destroy racing with this either sees the CQ (EBUSY) or
+            // refuses it here.
+            if !ch.try_attach_cq() {
+                dev.cqs.release();
+                return Err(Error::invalid(
+                    verb,
+                    format!("completion channel {} was destroyed", ch.handle),
+                ));
+            }
         }
         let cq = Arc::new(CqCore {
             handle: dev.new_handle(),
@@ -174,9 +180,6 @@ impl CqCore {
             released: AtomicBool::new(false),
             wait: PollerWait::default(),
         });
-        if let Some(ch) = channel {
-            ch.attach_cq();
-        }
         ctx.ledger.add(ResourceKind::Cq, cq.handle);
         Ok(cq)
     }
@@ -454,6 +457,31 @@ mod tests {
         assert_eq!(ch.queue.len(), 0);
         cq.release();
         assert_eq!(ch.cq_count(), 0, "release is idempotent");
+    }
+
+    /// Attaching a CQ and destroying the channel are one atomic step each:
+    /// a destroyed channel takes no CQ, and one with a CQ is not destroyed.
+    #[test]
+    fn a_destroyed_channel_takes_no_cq_and_one_with_a_cq_stays() {
+        let ctx = ctx();
+        let ch = ChannelCore::create(&ctx).unwrap();
+        let cq = CqCore::create(&ctx, 4, Some(&ch), 0, 0).unwrap();
+        assert_eq!(ch.try_release(), Err(Some(1)));
+        assert!(!ch.is_released());
+        cq.release();
+        assert_eq!(ch.try_release(), Ok(()));
+        assert_eq!(ch.try_release(), Err(None), "released once");
+        let cqs_before = ctx.device.cqs.used();
+        let Err(err) = CqCore::create(&ctx, 4, Some(&ch), 0, 0) else {
+            panic!("a CQ on a destroyed channel");
+        };
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(ch.cq_count(), 0);
+        assert_eq!(
+            ctx.device.cqs.used(),
+            cqs_before,
+            "the CQ quota is returned"
+        );
     }
 
     #[test]

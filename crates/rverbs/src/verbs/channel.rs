@@ -108,24 +108,35 @@ impl CompletionChannel {
     }
 
     /// Destroys the channel (`ibv_destroy_comp_channel`). Fails with EBUSY
-    /// while any CQ still uses it, handing the channel back unchanged. As in
-    /// libibverbs this involves no device command, so it behaves the same
-    /// after a disassociation (never EIO; still EBUSY while CQs use it).
+    /// while any CQ still uses it, and with EINVAL if it was destroyed
+    /// already (through another clone), handing the channel back
+    /// unchanged. As in libibverbs this involves no device command, so it
+    /// behaves the same after a disassociation (never EIO; still EBUSY while
+    /// CQs use it). A CQ being created on the channel meanwhile either
+    /// counts (EBUSY) or is refused (EINVAL).
+    ///
+    /// Dropping a handle without destroying it releases the channel only
+    /// when it is the last: until then its context counts it.
     pub fn destroy(self) -> Result<(), Rejected<CompletionChannel>> {
-        let n = self.core.cq_count();
-        if n > 0 {
-            let err = Error::busy(
+        let err = match self.core.try_release() {
+            Ok(()) => return Ok(()),
+            Err(Some(n)) => Error::busy(
                 Verb::DestroyCompChannel,
                 format!(
                     "{n} CQ{} still use completion channel {}",
                     if n == 1 { "" } else { "s" },
                     self.core.handle
                 ),
-            );
-            return Err(Rejected::new(err, self));
-        }
-        self.core.release();
-        Ok(())
+            ),
+            Err(None) => Error::invalid(
+                Verb::DestroyCompChannel,
+                format!(
+                    "completion channel {} was destroyed already",
+                    self.core.handle
+                ),
+            ),
+        };
+        Err(Rejected::new(err, self))
     }
 }
 

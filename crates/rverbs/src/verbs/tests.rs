@@ -79,8 +79,8 @@ fn blocking_get_waits_for_the_event() {
 }
 
 /// A clone waits while another handle destroys the channel: the waiter
-/// keeps waiting, no CQ can be created on the destroyed channel, and the
-/// context no longer counts it.
+/// keeps waiting, a second destroy is refused, no CQ can be created on the
+/// destroyed channel, and the context no longer counts it.
 #[test]
 fn a_clone_keeps_waiting_on_a_destroyed_channel() {
     let ctx = ctx();
@@ -90,6 +90,13 @@ fn a_clone_keeps_waiting_on_a_destroyed_channel() {
     thread::sleep(Duration::from_millis(50));
     let other = ch.clone();
     ch.destroy().unwrap();
+    let again = other.clone().destroy().unwrap_err();
+    assert_eq!(
+        again.error().kind(),
+        ErrorKind::InvalidArgument,
+        "{}",
+        again.error()
+    );
     let err = ctx.cq_builder().cqe(4).channel(&other).build().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     assert_eq!(ctx.resources().total(), 0, "{:?}", ctx.live_resources());

@@ -602,18 +602,17 @@ impl Engine {
     /// peer that does not keep up within `limit` (stopped, or dying) is
     /// waited for no longer; one whose device is gone reads nothing more.
     pub(crate) fn await_peer_copies(&self, limit: Duration) {
-        // Each peer by its address and process: (progress, head, peer).
+        // (how far the peer has read, where we had written to).
         let mut pending = Vec::new();
         let _ = self.locked(|st| {
             for link in st.links.list.iter().filter(|l| l.cma && !l.peer_gone()) {
-                let (progress, head) = link.tx.progress();
-                pending.push((progress, head, (link.peer, link.peer_pid)));
+                pending.push(link.tx.progress());
             }
         });
         let until = Instant::now() + limit;
         let mut looked_at = Instant::now();
         loop {
-            pending.retain(|(p, head, _)| p.consumed() < *head);
+            pending.retain(|(p, head)| p.consumed() < *head);
             if pending.is_empty() {
                 return;
             }
@@ -632,11 +631,11 @@ impl Engine {
             if now.saturating_duration_since(looked_at) >= PEER_CHECK {
                 looked_at = now;
                 let _ = self.locked(|st| {
-                    pending.retain(|(_, _, (ip, pid))| {
+                    pending.retain(|(p, _)| {
                         st.links
                             .list
                             .iter()
-                            .any(|l| l.peer == *ip && l.peer_pid == *pid && !l.peer_gone())
+                            .any(|l| p.is_of(&l.tx) && !l.peer_gone())
                     });
                 });
             }

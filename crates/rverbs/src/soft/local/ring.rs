@@ -489,6 +489,11 @@ impl RingProgress {
     pub(crate) fn consumed(&self) -> u64 {
         self.map.control(self.ring).tail.0.load(Ordering::Acquire)
     }
+
+    /// Whether `producer` fills the ring this watches.
+    pub(crate) fn is_of(&self, producer: &Producer) -> bool {
+        Arc::ptr_eq(&self.map, &producer.map) && self.ring == producer.ring
+    }
 }
 
 /// What a thread about to sleep needs of a ring it consumes: to say it
