@@ -272,8 +272,14 @@ pub fn pair_side_on(
 
 /// Connects two sides' RC or UC QPs to each other (timeout 10).
 pub fn connect_sides(a: &PairSide, b: &PairSide) {
+    connect_sides_with(a, b, 10);
+}
+
+/// [`connect_sides`] with the local ACK timeout `timeout` (4.096 µs ×
+/// 2^timeout).
+pub fn connect_sides_with(a: &PairSide, b: &PairSide, timeout: u8) {
     let opts = rverbs::cm::ConnectOptions {
-        timeout: 10,
+        timeout,
         ..rverbs::cm::ConnectOptions::default()
     };
     let ea = rverbs::cm::Endpoint::for_qp(&a.qp);
