@@ -186,13 +186,21 @@ pub fn wait_n(cq: &CompletionQueue, n: usize, limit: Duration, what: &str) -> Ve
     let deadline = Instant::now() + limit;
     let mut got = Vec::new();
     let mut buf = [WorkCompletion::default(); 16];
+    // When the last poll returned: the time from there to the next poll
+    // is the thread's own (a yield), not a sleep inside `poll`.
+    let mut returned: Option<Instant> = None;
     while got.len() < n {
+        let now = Instant::now();
         assert!(
-            Instant::now() < deadline,
+            now < deadline,
             "{what}: only {} of {n} completions after {limit:?}: {got:?}",
             got.len()
         );
+        if let Some(t) = returned {
+            stall::note_poll_gap(now.duration_since(t));
+        }
         let k = cq.poll(&mut buf[..(n - got.len()).min(16)]).unwrap();
+        returned = Some(Instant::now());
         got.extend_from_slice(&buf[..k]);
         if k == 0 {
             std::thread::yield_now();
