@@ -969,16 +969,7 @@ fn a_dead_peers_forked_child_does_not_keep_its_link() {
 
     // Stop the peer, so it takes nothing; WRITE a MiB from an MR of its
     // own (the payload stays there for the peer to copy); kill the peer.
-    stop(&first);
-    let source = me.pd.alloc_mr(1 << 20, ALL).unwrap();
-    let s = [sge(&source, 0, 1 << 20)];
-    let write = WrOpcode::RdmaWrite {
-        remote_addr: first.remote.addr + WRITE_AT as u64,
-        rkey: first.remote.rkey,
-    };
-    me.qp
-        .post_send(&SendWr::new(2, write, &s).signaled())
-        .unwrap();
+    let source = stop_and_write_to(&me, &first);
     first.process.child.kill().unwrap();
     first.process.child.wait().unwrap();
     // The child lives on, holding the connection.
@@ -986,23 +977,46 @@ fn a_dead_peers_forked_child_does_not_keep_its_link() {
 
     let before = dev.net_stats();
     drop(source);
+    after_a_dead_peers_write(&dev, &before, &me);
+    drop(first);
+}
+
+/// Stops `peer`, then WRITEs it a MiB (wr_id 2) from a new MR of `me`'s,
+/// which it returns: the payload stays there for the peer to copy.
+fn stop_and_write_to(me: &Local, peer: &Peer) -> MemoryRegion {
+    stop(peer);
+    let source = me.pd.alloc_mr(1 << 20, ALL).unwrap();
+    let s = [sge(&source, 0, 1 << 20)];
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: peer.remote.addr + WRITE_AT as u64,
+        rkey: peer.remote.rkey,
+    };
+    me.qp
+        .post_send(&SendWr::new(2, write, &s).signaled())
+        .unwrap();
+    source
+}
+
+/// After a WRITE (wr_id 2) to a peer that died with it unread and the
+/// deregistration of its source (counters `before` it): the device had a
+/// link, the deregistration did not wait for the dead peer until it gave
+/// up, and the WRITE fails — its retries run out, or (its memory gone) a
+/// resend finds no MR.
+fn after_a_dead_peers_write(dev: &Device, before: &NetStats, me: &Local) {
     let after = dev.net_stats();
     if !path_off_here() {
         assert!(after.local_links >= 1, "{after:?}");
     }
     assert_eq!(
         after.local_copy_waits_given_up, before.local_copy_waits_given_up,
-        "deregistration waited for the dead peer: {after:?}"
+        "deregistration waited for the dead peer until it gave up: {after:?}"
     );
-    // It fails: its retries run out, or (its memory gone) a resend finds
-    // no MR.
     let wc = wait_n(&me.cq, 1, STEP, "the WRITE to the dead peer")[0];
     assert_eq!(wc.wr_id, 2, "{wc:?}");
     assert!(
         matches!(wc.status, WcStatus::RetryExcErr | WcStatus::LocProtErr),
         "{wc:?}"
     );
-    drop(first);
 }
 
 /// A peer that dies while a deregistration waits for it to copy from the
@@ -1022,36 +1036,14 @@ fn a_peer_dying_while_a_deregistration_waits_ends_the_wait() {
     // Stop the peer, so it takes nothing; WRITE a MiB from an MR of its
     // own (the payload stays there for the peer to copy); deregister it
     // on another thread, which waits; then kill the peer.
-    stop(&first);
-    let source = me.pd.alloc_mr(1 << 20, ALL).unwrap();
-    let s = [sge(&source, 0, 1 << 20)];
-    let write = WrOpcode::RdmaWrite {
-        remote_addr: first.remote.addr + WRITE_AT as u64,
-        rkey: first.remote.rkey,
-    };
-    me.qp
-        .post_send(&SendWr::new(2, write, &s).signaled())
-        .unwrap();
+    let source = stop_and_write_to(&me, &first);
     let before = dev.net_stats();
     let dereg = std::thread::spawn(move || drop(source));
     std::thread::sleep(Duration::from_millis(200));
     first.process.child.kill().unwrap();
     first.process.child.wait().unwrap();
     dereg.join().unwrap();
-    let after = dev.net_stats();
-    if !path_off_here() {
-        assert!(after.local_links >= 1, "{after:?}");
-    }
-    assert_eq!(
-        after.local_copy_waits_given_up, before.local_copy_waits_given_up,
-        "deregistration waited for the dead peer until it gave up: {after:?}"
-    );
-    let wc = wait_n(&me.cq, 1, STEP, "the WRITE to the dead peer")[0];
-    assert_eq!(wc.wr_id, 2, "{wc:?}");
-    assert!(
-        matches!(wc.status, WcStatus::RetryExcErr | WcStatus::LocProtErr),
-        "{wc:?}"
-    );
+    after_a_dead_peers_write(&dev, &before, &me);
     drop(first);
 }
 

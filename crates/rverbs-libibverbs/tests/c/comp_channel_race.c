@@ -13,41 +13,19 @@
 #include <stdio.h>
 #include <unistd.h>
 #include <pthread.h>
-#include <string.h>
-#include <sys/syscall.h>
+#include "asleep.h"
 #include <infiniband/verbs.h>
 
 static struct ibv_comp_channel *ch;
 static volatile int waiter_returned;
 static volatile pid_t waiter_tid;
 
-/* Waits (up to 10 s) until thread `tid` sleeps (state S in
- * /proc/self/task/TID/stat): then it is blocked inside the call. */
-static int wait_asleep(pid_t tid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-	for (int i = 0; i < 10000; i++) {
-		FILE *f = fopen(path, "r");
-		if (f) {
-			size_t n = fread(buf, 1, sizeof buf - 1, f);
-			fclose(f);
-			buf[n] = 0;
-			char *p = strrchr(buf, ')');
-			if (p && p[1] == ' ' && p[2] == 'S')
-				return 0;
-		}
-		usleep(1000);
-	}
-	return -1;
-}
-
 static void *waiter(void *arg)
 {
 	struct ibv_cq *cq;
 	void *ctx;
 	(void)arg;
-	waiter_tid = (pid_t)syscall(SYS_gettid);
+	waiter_tid = this_thread();
 	ibv_get_cq_event(ch, &cq, &ctx);
 	waiter_returned = 1;
 	return NULL;
@@ -105,13 +83,8 @@ int main(void)
 		printf("ibv_destroy_cq failed\n");
 		return 1;
 	}
-	pthread_create(&w, NULL, waiter, NULL);
-	while (!waiter_tid)
-		usleep(1000);
-	if (wait_asleep(waiter_tid)) {
-		printf("the waiting thread never blocked\n");
+	if (start_waiter(&w, waiter, &waiter_tid))
 		return 1;
-	}
 	rc = ibv_destroy_comp_channel(ch);
 	if (rc) {
 		printf("ibv_destroy_comp_channel: %d\n", rc);
@@ -123,14 +96,8 @@ int main(void)
 		again[i] = ibv_create_comp_channel(context);
 	pthread_create(&l, NULL, late, NULL);
 	pthread_join(l, NULL);
-	if (late_ret != -1 || late_errno != EBADF) {
-		printf("late call: %d, errno %d\n", late_ret, late_errno);
+	if (!late_call_refused_waiter_waits(late_ret, late_errno, waiter_returned))
 		return 1;
-	}
-	if (waiter_returned) {
-		printf("the waiting thread returned\n");
-		return 1;
-	}
 	for (int i = 0; i < 8; i++)
 		if (!again[i] || ibv_destroy_comp_channel(again[i])) {
 			printf("channel %d: create or destroy failed\n", i);

@@ -145,10 +145,11 @@ pub fn compile_c(dir: &Path, name: &str, source: &str) -> Option<PathBuf> {
     }
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
-    // The CHECK macro and the RC connect the C tests share, found beside
-    // the source.
+    // The CHECK macro, the RC connect and the wait for a sleeping thread
+    // the C tests share, found beside the source.
     std::fs::write(dir.join("check.h"), include_str!("../c/check.h")).unwrap();
     std::fs::write(dir.join("connect.h"), include_str!("../c/connect.h")).unwrap();
+    std::fs::write(dir.join("asleep.h"), include_str!("../c/asleep.h")).unwrap();
     let exe = dir.join(name);
     let out = std::process::Command::new("cc")
         .arg("-O0")
