@@ -54,8 +54,9 @@ fn connected_idle_qps_cost_no_cpu() {
     });
     let spun = spin.join().unwrap();
     let used = process_cpu() - before;
+    // (Within a millisecond: both figures are rounded to microseconds.)
     assert!(
-        spun >= Duration::from_millis(100) && used >= spun,
+        spun >= Duration::from_millis(100) && used + Duration::from_millis(1) >= spun,
         "a thread that spun {spun:?} measured as {used:?}"
     );
 
