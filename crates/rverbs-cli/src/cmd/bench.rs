@@ -790,22 +790,31 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                 }
             }
             ["udp", size, n, mode @ ..] => {
-                let want = count(n)?;
+                // The client ends with an end mark whatever it counted (it
+                // may resend a ping whose reply was lost): the count is
+                // only checked.
+                count(n)?;
                 let sock = UdpSocket::bind("127.0.0.1:0")?;
                 send_line(&mut control, &format!("port {}", sock.local_addr()?.port()))?;
                 // Busy-polled as the RDMA side polls its CQ; with --event
                 // it blocks, as the RDMA side sleeps on its channel (and
                 // with --udp-blocking, whose client says "block").
-                sock.set_nonblocking(!event && !mode.contains(&"block"))?;
+                let blocking = event || mode.contains(&"block");
+                sock.set_nonblocking(!blocking)?;
+                sock.set_read_timeout(Some(UDP_SERVER_IDLE))?;
                 let size = size.parse::<usize>()?;
                 let pair = mode
                     .contains(&"pair")
                     .then(|| RocePair::new(&sock, size))
                     .transpose()?;
                 let mut buf = vec![0u8; size.max(1).max(PAIR_RECV_BUFFER)];
-                let mut done = 0u64;
-                while want.is_none_or(|w| done < w) {
-                    let (n, from) = spin(|| sock.recv_from(&mut buf))?;
+                loop {
+                    // A client whose end mark was lost is long gone.
+                    let Some((n, from)) =
+                        wait_datagram(&sock, blocking, UDP_SERVER_IDLE, |s| s.recv_from(&mut buf))?
+                    else {
+                        break;
+                    };
                     // An empty datagram is the client's end mark (pings
                     // carry at least a byte).
                     if n == 0 {
@@ -820,7 +829,6 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                             sock.send_to(&buf[..n], from)?;
                         }
                     }
-                    done += 1;
                 }
             }
             _ => bail!("unknown command {cmd:?}"),
@@ -1275,29 +1283,60 @@ fn udp_pingpong(
     let sock = UdpSocket::bind("127.0.0.1:0")?;
     sock.connect(format!("127.0.0.1:{port}"))?;
     sock.set_nonblocking(!blocking)?;
+    sock.set_read_timeout(Some(UDP_RESEND))?;
     let pair = pair.then(|| RocePair::new(&sock, size)).transpose()?;
-    let payload = vec![0x5au8; pair.as_ref().map_or(size.max(1), RocePair::len)];
+    let mut payload = vec![0x5au8; pair.as_ref().map_or(size.max(1), RocePair::len)];
     let mut buf = vec![0u8; payload.len().max(PAIR_RECV_BUFFER)];
     let mut samples = Vec::with_capacity(span.count().unwrap_or(1 << 16) as usize);
+    // Each ping starts with its number, which its reply echoes: a reply to
+    // a ping sent again (its first reply late, not lost) is told apart.
+    let tag = payload.len().min(8);
     gate.go()?;
     let start = Instant::now();
     while span.more(samples.len() as u64, start) {
+        let seq = (samples.len() as u64).to_le_bytes();
+        payload[..tag].copy_from_slice(&seq[..tag]);
         let t = Instant::now();
-        match &pair {
-            Some(pair) => pair.send(&sock, &payload, None)?,
-            None => {
-                sock.send(&payload)?;
+        let mut sent = 0;
+        'ping: loop {
+            // Loopback may drop a datagram (its backlog full, with many
+            // processes sending at once): send the ping again.
+            sent += 1;
+            if sent > UDP_SENDS {
+                bail!(
+                    "UDP ping-pong: no reply to ping {} in {UDP_SENDS} tries",
+                    samples.len()
+                );
             }
-        }
-        let n = spin(|| sock.recv(&mut buf))?;
-        if let Some(pair) = &pair {
-            pair.check_received(n)?;
+            match &pair {
+                Some(pair) => pair.send(&sock, &payload, None)?,
+                None => {
+                    sock.send(&payload)?;
+                }
+            }
+            let until = Instant::now() + UDP_RESEND;
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                let Some(n) = wait_datagram(&sock, blocking, left, |s| s.recv(&mut buf))? else {
+                    continue 'ping;
+                };
+                if n >= tag && buf[..tag] == seq[..tag] {
+                    if let Some(pair) = &pair {
+                        pair.check_received(n)?;
+                    }
+                    break 'ping;
+                }
+            }
         }
         samples.push((t.elapsed().as_nanos() / 2) as u64);
     }
-    if span.count().is_none() {
-        // The end mark: an empty datagram.
-        sock.send(&[])?;
+    // The end mark: an empty datagram (a few, in case one is lost; the
+    // server stops at the first, and after UDP_SERVER_IDLE without any).
+    // Once the server's socket is closed, a later one is refused (ICMP port
+    // unreachable): that is no error.
+    sock.send(&[])?;
+    for _ in 0..2 {
+        let _ = sock.send(&[]);
     }
     expect(control, "ok")?;
     samples.sort_unstable();
@@ -1377,14 +1416,41 @@ impl RocePair {
     }
 }
 
-/// Busy-polls a non-blocking receive, as the RDMA side busy-polls its CQ:
-/// the baseline gets the same treatment.
-fn spin<T>(mut recv: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+/// How long the UDP ping-pong's client waits for a reply before it sends
+/// the ping again.
+const UDP_RESEND: Duration = Duration::from_millis(200);
+/// Most times the client sends one ping.
+const UDP_SENDS: u32 = 25;
+/// How long the UDP ping-pong's server waits for the next datagram before
+/// it takes the client for gone.
+const UDP_SERVER_IDLE: Duration = Duration::from_secs(10);
+
+/// The next datagram `recv` takes from `sock` within `limit` (`None`: none
+/// came). A non-blocking socket is busy-polled, as the RDMA side polls its
+/// CQ; a blocking one sleeps in the call (for at most its read timeout,
+/// set once: no extra system call per ping).
+fn wait_datagram<T>(
+    sock: &UdpSocket,
+    blocking: bool,
+    limit: Duration,
+    mut recv: impl FnMut(&UdpSocket) -> std::io::Result<T>,
+) -> Result<Option<T>> {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    let until = Instant::now() + limit;
+    let mut polls = 0u32;
     loop {
-        match recv() {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-            r => return r,
+        match recv(sock) {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {}
+            Err(e) => return Err(e.into()),
         }
+        polls = polls.wrapping_add(1);
+        // Spinning, the clock is read now and then only: the spin stays
+        // as tight as before.
+        if (blocking || polls % 64 == 0) && Instant::now() >= until {
+            return Ok(None);
+        }
+        std::hint::spin_loop();
     }
 }
 
