@@ -48,11 +48,14 @@ fn create_cq(
         return null(libc::EINVAL);
     };
     // SAFETY: a channel from ibv_create_comp_channel, or NULL.
-    let ch = unsafe { wrapper::<_, Channel>(channel) }.map(Channel::handle);
-    if !channel.is_null() && ch.as_ref().is_none_or(Option::is_none) {
-        return null(libc::EINVAL);
-    }
-    let ch = ch.flatten();
+    let ch = match unsafe { wrapper::<_, Channel>(channel) } {
+        None => None,
+        Some(w) => match w.handle() {
+            Some(ch) => Some(ch),
+            // Destroyed.
+            None => return null(libc::EINVAL),
+        },
+    };
     let mut ibv = ibv_cq_ex::default();
     ibv.context = context;
     ibv.channel = channel;

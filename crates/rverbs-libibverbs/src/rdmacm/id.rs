@@ -576,7 +576,7 @@ pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_ev
     guard((), || {
         // SAFETY: a channel from rdma_create_event_channel, or NULL; its
         // memory stays valid after a destroy (kept a while).
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+        let Some(ch) = (unsafe { channel_ref(channel) }) else {
             return;
         };
         // A second destroy finds it taken and keeps nothing.

@@ -86,14 +86,6 @@ impl ChannelCore {
         }
     }
 
-    /// Releases the channel's accounting whatever is attached (its last
-    /// handle is gone); idempotent.
-    pub(crate) fn release(&self) {
-        if self.cqs.fetch_or(RELEASED, Ordering::AcqRel) & RELEASED == 0 {
-            self.forget();
-        }
-    }
-
     /// Takes the channel out of its context's ledger.
     fn forget(&self) {
         self.ctx
@@ -103,7 +95,11 @@ impl ChannelCore {
 }
 
 impl Drop for ChannelCore {
+    /// The last handle is gone: a channel never destroyed leaves its
+    /// context's ledger now.
     fn drop(&mut self) {
-        self.release();
+        if *self.cqs.get_mut() & RELEASED == 0 {
+            self.forget();
+        }
     }
 }
