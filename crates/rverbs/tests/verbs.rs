@@ -166,6 +166,34 @@ fn registration_arguments_are_checked() {
 }
 
 #[test]
+fn a_large_allocated_mr_keeps_its_bytes_through_registration_and_back() {
+    let ctx = ctx();
+    let pd = ctx.alloc_pd().unwrap();
+    // 1 MiB and more live on 2 MiB-aligned huge-page mappings of their own.
+    let len = (3 << 20) + 100;
+    let mr = pd.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.len(), len);
+    assert_eq!(mr.addr() % (2 << 20), 0, "{:#x}", mr.addr());
+    let tail: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
+    mr.write_at(len - 200, &tail).unwrap();
+    assert!(mr.write_at(len - 199, &tail).is_err());
+    let mut buf = mr.dereg().unwrap().unwrap();
+    assert_eq!(buf.len(), len);
+    assert_eq!(&buf[len - 200..], &tail[..]);
+    assert!(buf[..len - 200].iter().all(|&b| b == 0));
+    // Handed back, it registers again as it is, and a copy is equal.
+    buf[0] = 9;
+    let copy = buf.clone();
+    assert_eq!(copy, buf);
+    let mr = pd.reg_mr(buf, AccessFlags::empty()).unwrap();
+    let mut first = [0u8; 1];
+    mr.read_at(0, &mut first).unwrap();
+    assert_eq!(first, [9]);
+    let back = mr.dereg().unwrap().unwrap().into_vec();
+    assert_eq!(back, copy.into_vec());
+}
+
+#[test]
 fn read_at_write_at_copy_and_check_bounds() {
     let ctx = ctx();
     let pd = ctx.alloc_pd().unwrap();

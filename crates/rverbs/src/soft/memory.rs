@@ -47,33 +47,230 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use crate::attr::AccessFlags;
 use crate::wr::{MwBindInfo, MwType};
 
+/// Memory an MR may own: what the safe API registers and hands back.
+pub(crate) enum OwnedMemory {
+    /// A heap allocation (the caller's `Vec` or boxed slice, or a small
+    /// zeroed buffer).
+    Heap(Box<[u8]>),
+    /// A large zeroed buffer in its own mapping, on huge pages where the
+    /// kernel has them ([`HugeBuffer`]).
+    Huge(HugeBuffer),
+}
+
+impl OwnedMemory {
+    /// `len` zero bytes: in a [`HugeBuffer`] from [`HUGE_BUFFER_MIN`] bytes
+    /// on (on the heap if that mapping fails), on the heap below.
+    pub(crate) fn zeroed(len: usize) -> OwnedMemory {
+        if len >= HUGE_BUFFER_MIN {
+            if let Some(huge) = HugeBuffer::zeroed(len) {
+                return OwnedMemory::Huge(huge);
+            }
+        }
+        OwnedMemory::Heap(vec![0; len].into_boxed_slice())
+    }
+
+    /// The bytes as a boxed slice (a copy for a [`HugeBuffer`]).
+    pub(crate) fn into_boxed_slice(self) -> Box<[u8]> {
+        match self {
+            OwnedMemory::Heap(b) => b,
+            OwnedMemory::Huge(h) => Box::from(&*h),
+        }
+    }
+}
+
+impl Default for OwnedMemory {
+    fn default() -> Self {
+        OwnedMemory::Heap(Box::default())
+    }
+}
+
+impl From<Box<[u8]>> for OwnedMemory {
+    fn from(b: Box<[u8]>) -> Self {
+        OwnedMemory::Heap(b)
+    }
+}
+
+impl Clone for OwnedMemory {
+    fn clone(&self) -> Self {
+        match self {
+            OwnedMemory::Heap(b) => OwnedMemory::Heap(b.clone()),
+            OwnedMemory::Huge(h) => match HugeBuffer::zeroed(h.len) {
+                Some(mut copy) => {
+                    copy.copy_from_slice(h);
+                    OwnedMemory::Huge(copy)
+                }
+                None => OwnedMemory::Heap(Box::from(&**h)),
+            },
+        }
+    }
+}
+
+impl std::ops::Deref for OwnedMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            OwnedMemory::Heap(b) => b,
+            OwnedMemory::Huge(h) => h,
+        }
+    }
+}
+
+impl std::ops::DerefMut for OwnedMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            OwnedMemory::Heap(b) => b,
+            OwnedMemory::Huge(h) => h,
+        }
+    }
+}
+
+/// Transparent huge pages are 2 MiB on x86-64 and on arm64's 4 KiB granule.
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
+/// Zeroed buffers of at least this many bytes get a [`HugeBuffer`]: from
+/// half a huge page on, the page rounded up to costs at most twice the
+/// bytes asked for.
+pub(crate) const HUGE_BUFFER_MIN: usize = HUGE_PAGE / 2;
+
+/// Zeroed memory in an anonymous private mapping of its own, aligned to
+/// [`HUGE_PAGE`], rounded up to whole huge pages and advised for
+/// transparent huge pages (`MADV_HUGEPAGE`; on a kernel without them, or
+/// with them off, plain pages). Why: a same-host peer copies registered
+/// memory with cross-memory attach, and the kernel's walk of the source's
+/// page tables costs as much as the copy on 4 KiB pages; on 2 MiB pages
+/// the copy runs about twice as fast (see docs/design.md). The pages are
+/// faulted in on first touch, as `calloc`'s would be.
+pub(crate) struct HugeBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The mapping's length: `len` rounded up to whole huge pages.
+    map_len: usize,
+}
+
+// SAFETY: a HugeBuffer owns its mapping exclusively (as a Box owns its
+// allocation); it is read and written only through `&self`/`&mut self`.
+unsafe impl Send for HugeBuffer {}
+// SAFETY: as above; `&HugeBuffer` only reads.
+unsafe impl Sync for HugeBuffer {}
+
+impl HugeBuffer {
+    /// A zeroed buffer of `len` bytes, or `None` if the kernel refuses the
+    /// mapping (or `len` is 0 or absurd).
+    pub(crate) fn zeroed(len: usize) -> Option<HugeBuffer> {
+        use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
+        let map_len = len.checked_next_multiple_of(HUGE_PAGE)?;
+        // One huge page more than needed, so an aligned start lies inside.
+        let span = std::num::NonZeroUsize::new(map_len.checked_add(HUGE_PAGE)?)?;
+        // SAFETY: a fresh private anonymous mapping at an address the kernel
+        // picks: it aliases nothing.
+        let base = unsafe {
+            mmap_anonymous(
+                None,
+                span,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }
+        .ok()?;
+        let start = base.as_ptr() as usize;
+        let head = start.next_multiple_of(HUGE_PAGE) - start;
+        let tail = span.get() - head - map_len;
+        // SAFETY: `head` bytes from the mapping's start and `tail` bytes at
+        // its end are parts of the mapping made above that nothing uses;
+        // what stays is `map_len` bytes at an aligned address.
+        let aligned = unsafe {
+            if head > 0 {
+                let _ = munmap(base, head);
+            }
+            let aligned = base.byte_add(head);
+            if tail > 0 {
+                let _ = munmap(aligned.byte_add(map_len), tail);
+            }
+            aligned
+        };
+        // SAFETY: advice on the mapping this buffer owns, whose pages are not
+        // yet touched; refused advice (no transparent huge pages in this
+        // kernel) leaves plain pages, which work the same.
+        let _ = unsafe { madvise(aligned, map_len, MmapAdvise::MADV_HUGEPAGE) };
+        Some(HugeBuffer {
+            ptr: aligned.cast(),
+            len,
+            map_len,
+        })
+    }
+}
+
+impl std::ops::Deref for HugeBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is inside the mapping this buffer owns,
+        // readable and writable until Drop; `&self` rules out writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for HugeBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` rules out every other access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HugeBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `zeroed`, `map_len` bytes at `ptr`,
+        // unmapped once; nothing borrows it any more.
+        let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.map_len) };
+    }
+}
+
+/// Who owns a [`Region`]'s memory.
+enum Owner {
+    /// The registrant (`reg_mr_raw`), or nobody (an empty region).
+    Registrant,
+    /// The MR: a heap allocation, leaked while registered (a `Box` held in
+    /// the region would claim unique access the device's copies break).
+    Heap,
+    /// The MR: a [`HugeBuffer`] (which holds a raw pointer, not a `Box`).
+    Huge(HugeBuffer),
+}
+
 /// Where an MR's bytes live.
 pub(crate) struct Region {
     ptr: NonNull<u8>,
     len: usize,
-    /// Set when the MR owns the allocation (registered through the safe API).
-    owned: bool,
+    owner: Owner,
 }
 
 // SAFETY: a Region is a pointer to memory that is either owned by the MR
-// (a leaked Box, freed only by `into_owned`) or promised valid by the caller
-// of the unsafe registration until deregistration. It is only read and written
-// through window copies (and owned memory lent under the MR's read lock), so
-// moving the pointer between threads or sharing it is sound.
+// (a leaked Box, freed only by `into_owned`, or a HugeBuffer) or promised
+// valid by the caller of the unsafe registration until deregistration. It is
+// only read and written through window copies (and owned memory lent under
+// the MR's read lock), so moving the pointer between threads or sharing it is
+// sound.
 unsafe impl Send for Region {}
 // SAFETY: see `Send` above; shared access only performs raw copies.
 unsafe impl Sync for Region {}
 
 impl Region {
     /// Memory the MR owns from now on.
-    pub(crate) fn owned(buf: Box<[u8]>) -> Region {
-        let len = buf.len();
-        let raw: *mut [u8] = Box::into_raw(buf);
-        Region {
-            // A Box pointer is never null.
-            ptr: NonNull::new(raw.cast::<u8>()).unwrap_or(NonNull::dangling()),
-            len,
-            owned: true,
+    pub(crate) fn owned(buf: impl Into<OwnedMemory>) -> Region {
+        match buf.into() {
+            OwnedMemory::Heap(buf) => {
+                let len = buf.len();
+                let raw: *mut [u8] = Box::into_raw(buf);
+                Region {
+                    // A Box pointer is never null.
+                    ptr: NonNull::new(raw.cast::<u8>()).unwrap_or(NonNull::dangling()),
+                    len,
+                    owner: Owner::Heap,
+                }
+            }
+            OwnedMemory::Huge(huge) => Region {
+                ptr: huge.ptr,
+                len: huge.len,
+                owner: Owner::Huge(huge),
+            },
         }
     }
 
@@ -87,7 +284,7 @@ impl Region {
         Region {
             ptr,
             len,
-            owned: false,
+            owner: Owner::Registrant,
         }
     }
 
@@ -96,7 +293,7 @@ impl Region {
         Region {
             ptr: NonNull::dangling(),
             len: 0,
-            owned: false,
+            owner: Owner::Registrant,
         }
     }
 
@@ -110,25 +307,34 @@ impl Region {
         self.len
     }
 
+    /// Whether the MR owns the memory.
+    fn is_owned(&self) -> bool {
+        !matches!(self.owner, Owner::Registrant)
+    }
+
     /// Whether the memory is the registrant's, not the MR's.
     pub(crate) fn is_foreign(&self) -> bool {
-        !self.owned && self.len > 0
+        !self.is_owned() && self.len > 0
     }
 
     /// Gives owned memory back (and `None` for foreign memory).
-    pub(crate) fn into_owned(mut self) -> Option<Box<[u8]>> {
+    pub(crate) fn into_owned(mut self) -> Option<OwnedMemory> {
         self.take_owned()
     }
 
     /// Takes the owned allocation out, leaving the region owning nothing.
-    fn take_owned(&mut self) -> Option<Box<[u8]>> {
-        if !std::mem::replace(&mut self.owned, false) {
-            return None;
+    fn take_owned(&mut self) -> Option<OwnedMemory> {
+        match std::mem::replace(&mut self.owner, Owner::Registrant) {
+            Owner::Registrant => None,
+            Owner::Huge(huge) => Some(OwnedMemory::Huge(huge)),
+            Owner::Heap => {
+                let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+                // SAFETY: `raw` is exactly the pointer and length
+                // `Box::into_raw` gave in `owned`, and clearing the owner
+                // above makes this the only rebuild.
+                Some(OwnedMemory::Heap(unsafe { Box::from_raw(raw) }))
+            }
         }
-        let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-        // SAFETY: `raw` is exactly the pointer and length `Box::into_raw` gave
-        // in `owned`, and clearing `owned` above makes this the only rebuild.
-        Some(unsafe { Box::from_raw(raw) })
     }
 }
 
@@ -371,7 +577,7 @@ impl MrState {
         Ok(ReadWindow {
             ptr,
             len,
-            owned: self.region.owned,
+            owned: self.region.is_owned(),
             _state: PhantomData,
         })
     }
@@ -1473,6 +1679,81 @@ mod tests {
             .read_window(0, 1, AccessKind::LocalRead, None)
             .unwrap();
         assert!(matches!(w.into_bytes(), WindowBytes::Owned(b) if b == [0]));
+    }
+
+    /// The `VmFlags` line of the mapping of this process that holds `addr`
+    /// (`/proc/self/smaps`).
+    fn vm_flags_at(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((lo, hi)) = range.split_once('-') {
+                    if let (Ok(lo), Ok(hi)) =
+                        (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                    {
+                        inside = (lo..hi).contains(&addr);
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.trim().to_string();
+                }
+            }
+        }
+        panic!("no mapping holds {addr:#x}")
+    }
+
+    #[test]
+    fn a_large_zeroed_buffer_gets_an_aligned_mapping_advised_for_huge_pages() {
+        let mut big = OwnedMemory::zeroed(HUGE_BUFFER_MIN + 5);
+        let OwnedMemory::Huge(huge) = &big else {
+            panic!(
+                "a buffer of {} bytes stayed on the heap",
+                HUGE_BUFFER_MIN + 5
+            )
+        };
+        let addr = huge.as_ptr() as usize;
+        assert_eq!(
+            addr % HUGE_PAGE,
+            0,
+            "{addr:#x} is not on a huge page boundary"
+        );
+        assert_eq!(huge.map_len, HUGE_PAGE);
+        assert_eq!(big.len(), HUGE_BUFFER_MIN + 5);
+        assert!(big.iter().all(|&b| b == 0));
+        // `hg`: the kernel took MADV_HUGEPAGE for the mapping (it has
+        // transparent huge pages whenever /sys says so).
+        if std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+            let flags = vm_flags_at(addr);
+            assert!(flags.split(' ').any(|f| f == "hg"), "VmFlags: {flags}");
+        }
+        let last = big.len() - 1;
+        big[last] = 7;
+        let copy = big.clone();
+        assert!(matches!(copy, OwnedMemory::Huge(_)));
+        assert_eq!(&*copy, &*big);
+        let boxed = copy.into_boxed_slice();
+        assert_eq!(boxed.len(), HUGE_BUFFER_MIN + 5);
+        assert_eq!(boxed[last], 7);
+
+        let small = OwnedMemory::zeroed(HUGE_BUFFER_MIN - 1);
+        assert!(matches!(small, OwnedMemory::Heap(_)));
+    }
+
+    #[test]
+    fn a_huge_buffer_goes_through_a_region_and_back() {
+        let mut big = OwnedMemory::zeroed(3 * HUGE_PAGE);
+        big[HUGE_PAGE] = 42;
+        let addr = big.as_ptr() as u64;
+        let r = Region::owned(big);
+        assert_eq!((r.addr(), r.len()), (addr, 3 * HUGE_PAGE));
+        assert!(!r.is_foreign());
+        let back = r.into_owned().unwrap();
+        assert!(matches!(back, OwnedMemory::Huge(_)));
+        assert_eq!((back.as_ptr() as u64, back[HUGE_PAGE]), (addr, 42));
     }
 
     #[test]

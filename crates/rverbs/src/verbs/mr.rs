@@ -17,31 +17,51 @@ use crate::attr::AccessFlags;
 use crate::error::{Error, ErrorKind, Rejected, Result, Verb};
 use crate::resources::ResourceKind;
 use crate::soft::device::DestroyPath;
-use crate::soft::memory::{AccessError, AccessKind, MrCore, MrState, Region};
+use crate::soft::memory::{AccessError, AccessKind, MrCore, MrState, OwnedMemory, Region};
 use crate::soft::pd::PdCore;
 use crate::verbs::pd::ProtectionDomain;
 
 /// Memory for an MR to own. Build it from a `Vec<u8>`, a boxed slice or
 /// [`MrBuffer::zeroed`]; get it back from [`MemoryRegion::dereg`].
-#[derive(Clone, PartialEq, Eq, Default)]
-pub struct MrBuffer(Box<[u8]>);
+///
+/// A zeroed buffer of 1 MiB or more lives in a mapping of its own, aligned
+/// to 2 MiB and advised for transparent huge pages: a same-host peer's
+/// copies out of it and into it run about twice as fast on huge pages, as
+/// a NIC's do with fewer translation entries. Its size is rounded up to
+/// whole 2 MiB pages, so a buffer of 1 MiB takes 2 MiB once touched.
+#[derive(Clone, Default)]
+pub struct MrBuffer(OwnedMemory);
 
 impl MrBuffer {
-    /// `len` zero bytes.
+    /// `len` zero bytes (from 1 MiB on, on huge pages where the kernel
+    /// has them).
     pub fn zeroed(len: usize) -> MrBuffer {
-        MrBuffer(vec![0; len].into_boxed_slice())
+        MrBuffer(OwnedMemory::zeroed(len))
     }
 
-    /// The bytes, as a boxed slice.
+    /// The bytes, as a boxed slice (a copy for a buffer on huge pages).
     pub fn into_boxed_slice(self) -> Box<[u8]> {
+        self.0.into_boxed_slice()
+    }
+
+    /// The bytes, as a vector (a copy for a buffer on huge pages).
+    pub fn into_vec(self) -> Vec<u8> {
+        self.into_boxed_slice().into_vec()
+    }
+
+    /// The memory, for an MR to own.
+    pub(crate) fn into_owned(self) -> OwnedMemory {
         self.0
     }
+}
 
-    /// The bytes, as a vector.
-    pub fn into_vec(self) -> Vec<u8> {
-        self.0.into_vec()
+impl PartialEq for MrBuffer {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
     }
 }
+
+impl Eq for MrBuffer {}
 
 impl Deref for MrBuffer {
     type Target = [u8];
@@ -58,19 +78,25 @@ impl DerefMut for MrBuffer {
 
 impl From<Vec<u8>> for MrBuffer {
     fn from(v: Vec<u8>) -> Self {
-        MrBuffer(v.into_boxed_slice())
+        MrBuffer(OwnedMemory::Heap(v.into_boxed_slice()))
     }
 }
 
 impl From<Box<[u8]>> for MrBuffer {
     fn from(b: Box<[u8]>) -> Self {
-        MrBuffer(b)
+        MrBuffer(OwnedMemory::Heap(b))
     }
 }
 
 impl From<&[u8]> for MrBuffer {
     fn from(s: &[u8]) -> Self {
-        MrBuffer(s.into())
+        MrBuffer(OwnedMemory::Heap(s.into()))
+    }
+}
+
+impl From<OwnedMemory> for MrBuffer {
+    fn from(m: OwnedMemory) -> Self {
+        MrBuffer(m)
     }
 }
 
@@ -319,7 +345,7 @@ impl MemoryRegion {
         let mut old = None;
         if let Some(memory) = req.memory {
             let region = match memory {
-                NewMemory::Owned(buf) => Region::owned(buf.into_boxed_slice()),
+                NewMemory::Owned(buf) => Region::owned(buf.into_owned()),
                 NewMemory::Foreign(region) => region,
                 NewMemory::Null => Region::empty(), // refused by check_rereg
             };

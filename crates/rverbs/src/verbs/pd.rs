@@ -62,16 +62,12 @@ impl ProtectionDomain {
             Ok(a) => a,
             Err(e) => return Err(Rejected::new(e, buf)),
         };
-        MemoryRegion::register(
-            &self.core,
-            Region::owned(buf.into_boxed_slice()),
-            iova,
-            access,
+        MemoryRegion::register(&self.core, Region::owned(buf.into_owned()), iova, access).map_err(
+            |(e, region)| {
+                let buf = region.into_owned().unwrap_or_default();
+                Rejected::new(e, MrBuffer::from(buf))
+            },
         )
-        .map_err(|(e, region)| {
-            let buf = region.into_owned().unwrap_or_default();
-            Rejected::new(e, MrBuffer::from(buf))
-        })
     }
 
     /// Registers memory the caller owns (`ibv_reg_mr_iova2`). Memory not
