@@ -139,7 +139,7 @@ pub(crate) const HUGE_BUFFER_MIN: usize = HUGE_PAGE / 2;
 /// memory with cross-memory attach, and the kernel's walk of the source's
 /// page tables costs as much as the copy on 4 KiB pages; on 2 MiB pages
 /// the copy runs about twice as fast (see docs/design.md). The pages are
-/// faulted in on first touch, as `calloc`'s would be.
+/// faulted in when it is made, as registration pins them on a NIC.
 pub(crate) struct HugeBuffer {
     ptr: NonNull<u8>,
     len: usize,
@@ -192,6 +192,15 @@ impl HugeBuffer {
         // yet touched; refused advice (no transparent huge pages in this
         // kernel) leaves plain pages, which work the same.
         let _ = unsafe { madvise(aligned, map_len, MmapAdvise::MADV_HUGEPAGE) };
+        // Faulted in now, as registration pins pages on a NIC: a huge page's
+        // first touch zeroes 2 MiB and may compact memory to find one, which
+        // took tens of milliseconds in the first receive of a fresh MR on a
+        // busy host (its peer's retransmission timer ran out meanwhile). A
+        // kernel without MADV_POPULATE_WRITE (before 5.14) faults them in on
+        // first touch instead.
+        // SAFETY: as above; populating writes nothing a reader could see
+        // (the pages read as zero before and after).
+        let _ = unsafe { madvise(aligned, map_len, MmapAdvise::MADV_POPULATE_WRITE) };
         Some(HugeBuffer {
             ptr: aligned.cast(),
             len,
@@ -1681,29 +1690,40 @@ mod tests {
         assert!(matches!(w.into_bytes(), WindowBytes::Owned(b) if b == [0]));
     }
 
-    /// The `VmFlags` line of the mapping of this process that holds `addr`
-    /// (`/proc/self/smaps`).
-    fn vm_flags_at(addr: usize) -> String {
+    /// The `/proc/self/smaps` lines of the mapping of this process that
+    /// holds `addr`.
+    fn smaps_of(addr: usize) -> Vec<String> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
+        let mut block: Option<Vec<String>> = None;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((lo, hi)) = range.split_once('-') {
-                    if let (Ok(lo), Ok(hi)) =
-                        (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-                    {
-                        inside = (lo..hi).contains(&addr);
-                        continue;
-                    }
+            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+            let bounds = range.and_then(|(lo, hi)| {
+                Some((
+                    usize::from_str_radix(lo, 16).ok()?,
+                    usize::from_str_radix(hi, 16).ok()?,
+                ))
+            });
+            if let Some((lo, hi)) = bounds {
+                if block.is_some() {
+                    break;
                 }
-            }
-            if inside {
-                if let Some(flags) = line.strip_prefix("VmFlags:") {
-                    return flags.trim().to_string();
+                if (lo..hi).contains(&addr) {
+                    block = Some(Vec::new());
                 }
+            } else if let Some(b) = &mut block {
+                b.push(line.to_string());
             }
         }
-        panic!("no mapping holds {addr:#x}")
+        block.unwrap_or_else(|| panic!("no mapping holds {addr:#x}"))
+    }
+
+    /// A `smaps` field of a mapping, in kB.
+    fn smaps_kb(block: &[String], field: &str) -> u64 {
+        block
+            .iter()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {block:?}"))
     }
 
     #[test]
@@ -1723,13 +1743,23 @@ mod tests {
         );
         assert_eq!(huge.map_len, HUGE_PAGE);
         assert_eq!(big.len(), HUGE_BUFFER_MIN + 5);
-        assert!(big.iter().all(|&b| b == 0));
+        let block = smaps_of(addr);
         // `hg`: the kernel took MADV_HUGEPAGE for the mapping (it has
         // transparent huge pages whenever /sys says so).
         if std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
-            let flags = vm_flags_at(addr);
+            let flags = block
+                .iter()
+                .find_map(|l| l.strip_prefix("VmFlags:"))
+                .unwrap();
             assert!(flags.split(' ').any(|f| f == "hg"), "VmFlags: {flags}");
         }
+        // Faulted in already, none of it read or written yet.
+        assert_eq!(
+            smaps_kb(&block, "Rss"),
+            (HUGE_PAGE / 1024) as u64,
+            "{block:?}"
+        );
+        assert!(big.iter().all(|&b| b == 0));
         let last = big.len() - 1;
         big[last] = 7;
         let copy = big.clone();

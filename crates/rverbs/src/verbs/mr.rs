@@ -25,10 +25,11 @@ use crate::verbs::pd::ProtectionDomain;
 /// [`MrBuffer::zeroed`]; get it back from [`MemoryRegion::dereg`].
 ///
 /// A zeroed buffer of 1 MiB or more lives in a mapping of its own, aligned
-/// to 2 MiB and advised for transparent huge pages: a same-host peer's
-/// copies out of it and into it run about twice as fast on huge pages, as
-/// a NIC's do with fewer translation entries. Its size is rounded up to
-/// whole 2 MiB pages, so a buffer of 1 MiB takes 2 MiB once touched.
+/// to 2 MiB, advised for transparent huge pages and faulted in at once (as
+/// registration pins memory on a NIC): a same-host peer's copies out of it
+/// and into it run about twice as fast on huge pages, as a NIC's do with
+/// fewer translation entries. Its size is rounded up to whole 2 MiB pages,
+/// so a buffer of 1 MiB takes 2 MiB.
 #[derive(Clone, Default)]
 pub struct MrBuffer(OwnedMemory);
 
