@@ -120,6 +120,21 @@ const MAX_BATCH_BYTES: usize = 65_000;
 const TX_BUFFER: usize = 4 * (MAX_BATCH_BYTES + MAX_PACKET);
 /// Most packets one QP sends in one pass; the rest waits for the next.
 const FLUSH_BUDGET: usize = 256;
+/// Longest one QP keeps sending in a pass (looked at every
+/// [`FLUSH_CHECK_EVERY`] packets), as for receiving ([`RX_PASS_TIME`]);
+/// the rest waits for the next pass, which receives first. A pass holds the
+/// device's lock, and the engine thread runs in 100 µs slices
+/// (`thread::ENGINE_SLICE`): beside CPU hogs, whose slices are milliseconds
+/// long, a debug build's pass that sent a window of 128 packets held the
+/// lock for 4–12 ms, and the ACKs of a QP pair on that device (its receive
+/// side waiting for the lock) came after the 10 ms retransmission floor —
+/// spurious resends in 9 of 30 runs of `tests/many_sges.rs` beside two
+/// hogs; 2 of 60 with this bound. (100 µs did as well there, but cost a
+/// release build's 1 MiB READ over the wire about 30 %: 1.85–2.34 GB/s
+/// against 2.81–3.40, alternating runs; 250 µs, 2.73–3.60.)
+const FLUSH_PASS_TIME: Duration = Duration::from_micros(250);
+/// Packets a QP builds between looks at the clock for [`FLUSH_PASS_TIME`].
+const FLUSH_CHECK_EVERY: usize = 16;
 /// Most segments in one GSO send.
 const MAX_BATCH_SEGMENTS: usize = 64;
 /// Socket buffer sizes asked for (more with the privilege to force them;

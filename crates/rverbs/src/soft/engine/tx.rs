@@ -21,8 +21,8 @@ use smallvec::SmallVec;
 use super::local::{self, LOCAL_SEGMENT};
 use super::slot::Transport;
 use super::{
-    in_flight_cost, peer_endpoint, NetStats, State, FLUSH_BUDGET, MAX_BATCH_BYTES,
-    MAX_BATCH_SEGMENTS, MAX_PACKET,
+    in_flight_cost, peer_endpoint, NetStats, State, FLUSH_BUDGET, FLUSH_CHECK_EVERY,
+    FLUSH_PASS_TIME, MAX_BATCH_BYTES, MAX_BATCH_SEGMENTS, MAX_PACKET,
 };
 use crate::soft::memory::{MrCore, MrTable, WindowBytes};
 use crate::soft::sys;
@@ -501,7 +501,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
             let by_reference = rc.counts_in_flight();
             let mut budget = FLUSH_BUDGET;
             loop {
-                if budget == 0 {
+                if budget == 0 || out_of_time(now, FLUSH_BUDGET - budget) {
                     out_of_budget = true;
                     break;
                 }
@@ -561,7 +561,7 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
             pkts.clear();
             let mut budget = FLUSH_BUDGET;
             loop {
-                if budget == 0 {
+                if budget == 0 || out_of_time(now, FLUSH_BUDGET - budget) {
                     out_of_budget = true;
                     break;
                 }
@@ -740,6 +740,13 @@ pub(super) fn flush(st: &mut State, mem: &MrTable, now: Instant, acks: AckPolicy
     dirty.extend(unfinished);
     st.dirty = dirty;
     super::local::ring_doorbells(st);
+}
+
+/// Whether a QP that has built `built` packets in a pass whose transmit
+/// began at `start` has sent for long enough (see [`FLUSH_PASS_TIME`]): the
+/// clock is read every [`FLUSH_CHECK_EVERY`] packets.
+fn out_of_time(start: Instant, built: usize) -> bool {
+    built > 0 && built % FLUSH_CHECK_EVERY == 0 && start.elapsed() >= FLUSH_PASS_TIME
 }
 
 /// Closes the open batch (packets `open_pkts..pkts_len`), if it holds any,
