@@ -54,6 +54,11 @@ impl MrBuffer {
     pub(crate) fn into_owned(self) -> OwnedMemory {
         self.0
     }
+
+    /// Memory an MR owned, handed back.
+    pub(crate) fn from_owned(memory: OwnedMemory) -> MrBuffer {
+        MrBuffer(memory)
+    }
 }
 
 impl PartialEq for MrBuffer {
@@ -92,12 +97,6 @@ impl From<Box<[u8]>> for MrBuffer {
 impl From<&[u8]> for MrBuffer {
     fn from(s: &[u8]) -> Self {
         MrBuffer(OwnedMemory::Heap(s.into()))
-    }
-}
-
-impl From<OwnedMemory> for MrBuffer {
-    fn from(m: OwnedMemory) -> Self {
-        MrBuffer(m)
     }
 }
 
@@ -373,7 +372,7 @@ impl MemoryRegion {
             self.pd.users.remove();
             self.pd = pd.core.clone();
         }
-        Ok(old.and_then(Region::into_owned).map(MrBuffer::from))
+        Ok(old.and_then(Region::into_owned).map(MrBuffer::from_owned))
     }
 
     /// Foreign memory the MR would have after `req` is mapped as its access
@@ -473,7 +472,7 @@ impl MemoryRegion {
             .ctx
             .ledger
             .remove(ResourceKind::Mr, self.core.handle);
-        region.into_owned().map(MrBuffer::from)
+        region.into_owned().map(MrBuffer::from_owned)
     }
 }
 

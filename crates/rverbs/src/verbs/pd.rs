@@ -65,7 +65,7 @@ impl ProtectionDomain {
         MemoryRegion::register(&self.core, Region::owned(buf.into_owned()), iova, access).map_err(
             |(e, region)| {
                 let buf = region.into_owned().unwrap_or_default();
-                Rejected::new(e, MrBuffer::from(buf))
+                Rejected::new(e, MrBuffer::from_owned(buf))
             },
         )
     }

@@ -113,7 +113,7 @@ thread_local! {
 }
 
 /// How often a spinning poller gives its core away (see the module docs).
-pub(crate) const YIELD_EVERY: Duration = Duration::from_micros(5);
+const YIELD_EVERY: Duration = Duration::from_micros(5);
 /// On a core it seems to have to itself, how long a poller spins before it
 /// yields at all: a yield costs about 0.6 µs here, and one at the start of
 /// every wait made a free-core ping-pong slower (same-host 0.32–0.34×
