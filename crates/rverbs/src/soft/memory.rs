@@ -143,8 +143,6 @@ pub(crate) const HUGE_BUFFER_MIN: usize = HUGE_PAGE / 2;
 pub(crate) struct HugeBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    /// The mapping's length: `len` rounded up to whole huge pages.
-    map_len: usize,
 }
 
 // SAFETY: a HugeBuffer owns its mapping exclusively (as a Box owns its
@@ -204,8 +202,13 @@ impl HugeBuffer {
         Some(HugeBuffer {
             ptr: aligned.cast(),
             len,
-            map_len,
         })
+    }
+
+    /// The mapping's length: `len` rounded up to whole huge pages (which
+    /// `zeroed` checked does not overflow).
+    fn map_len(&self) -> usize {
+        self.len.next_multiple_of(HUGE_PAGE)
     }
 }
 
@@ -227,9 +230,9 @@ impl std::ops::DerefMut for HugeBuffer {
 
 impl Drop for HugeBuffer {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `zeroed`, `map_len` bytes at `ptr`,
+        // SAFETY: the mapping made in `zeroed`, `map_len()` bytes at `ptr`,
         // unmapped once; nothing borrows it any more.
-        let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.map_len) };
+        let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.map_len()) };
     }
 }
 
@@ -1741,7 +1744,7 @@ mod tests {
             0,
             "{addr:#x} is not on a huge page boundary"
         );
-        assert_eq!(huge.map_len, HUGE_PAGE);
+        assert_eq!(huge.map_len(), HUGE_PAGE);
         assert_eq!(big.len(), HUGE_BUFFER_MIN + 5);
         let block = smaps_of(addr);
         // `hg`: the kernel took MADV_HUGEPAGE for the mapping (it has
