@@ -867,11 +867,14 @@ fn perftest_cm(program: &str, args: &[&str]) {
         // client that comes first is rejected ("nobody listens", status 8)
         // — on any rdma_cm, the kernel's too — and its retry path then
         // reuses the ids and event channel it has just freed (SIGSEGV, or
-        // the server waiting for ever). Not rverbs' doing; run again.
+        // the server waiting for ever). rverbs' connect waits up to 100 ms
+        // for a local listener, which ended it here (it took 11 and 21
+        // runs again in two runs of this test before); only a server
+        // stalled longer than that by a loaded machine is run again.
         let raced = run.client.contains("RDMA_CM_EVENT_REJECTED; error: 8");
         let clock = run.client.contains(PERFTEST_CLOCK_FAILED)
             || run.server.contains(PERFTEST_CLOCK_FAILED);
-        if !(run.server_ok && run.client_ok) && (raced || clock) && attempt < 25 {
+        if !(run.server_ok && run.client_ok) && (raced || clock) && attempt < 4 {
             eprintln!("{program} -R {args:?}: perftest's listen race or clock; running again");
             attempt += 1;
             continue;
@@ -947,8 +950,10 @@ fn qperf_rc_tests_over_rdma_cm() {
             let text = output_text(&o);
             // qperf 0.4.11's race (fixed upstream by "Fix rdmacm race",
             // 118a571): its server sends the port before it listens, and a
-            // client that connects first is rejected. Run again.
-            if text.contains("unexpected event from RDMA CM: Event rejected") && attempt < 10 {
+            // client that connects first is rejected — unless the listener
+            // comes within the 100 ms rverbs' connect waits for one. Run
+            // again (a server stalled longer by a loaded machine).
+            if text.contains("unexpected event from RDMA CM: Event rejected") && attempt < 4 {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(200));
                 continue;

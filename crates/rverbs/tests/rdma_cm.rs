@@ -222,7 +222,7 @@ fn two_devices_connect_over_the_wire() {
 }
 
 #[test]
-fn nobody_listening_is_rejected_at_once() {
+fn nobody_listening_is_rejected() {
     let ch = EventChannel::new().unwrap();
     let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
     id.resolve_addr(None, addr(&format!("127.0.0.1:{}", port())))
@@ -234,6 +234,40 @@ fn nobody_listening_is_rejected_at_once() {
     id.connect(Some(&c.qp), &ConnParam::default()).unwrap();
     let ev = expect(&ch, CmEventKind::Rejected);
     assert_eq!(ev.status, 8, "IB_CM_REJ_INVALID_SERVICE_ID");
+}
+
+/// A listener that comes just after its peer's connect (perftest's `-R`
+/// server, qperf's) still gets the request: a connect to a local port
+/// nobody listens on waits a little for one.
+#[test]
+fn a_listener_that_comes_just_after_the_connect_gets_the_request() {
+    let p = port();
+    let cch = EventChannel::new().unwrap();
+    let client = CmId::new(&cch, PortSpace::Tcp).unwrap();
+    client
+        .resolve_addr(None, addr(&format!("127.0.0.1:{p}")))
+        .unwrap();
+    expect(&cch, CmEventKind::AddrResolved);
+    client.resolve_route().unwrap();
+    expect(&cch, CmEventKind::RouteResolved);
+    let c = side(&client, QpType::Rc);
+    let listener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let sch = EventChannel::new().unwrap();
+        let server = CmId::new(&sch, PortSpace::Tcp).unwrap();
+        server.bind_addr(addr(&format!("0.0.0.0:{p}"))).unwrap();
+        server.listen(8).unwrap();
+        let req = expect(&sch, CmEventKind::ConnectRequest);
+        req.id.reject(b"seen").unwrap();
+        (sch, server)
+    });
+    client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
+    let ev = expect(&cch, CmEventKind::Rejected);
+    // The listener's own rejection, with its private data: the request
+    // reached it.
+    assert_eq!(ev.status, 28, "IB_CM_REJ_CONSUMER_DEFINED: {ev:?}");
+    assert!(conn_param(&ev).private_data.starts_with(b"seen"));
+    let _ = listener.join().unwrap();
 }
 
 #[test]

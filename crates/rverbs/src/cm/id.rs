@@ -176,7 +176,8 @@ enum Target {
     /// The device at this address.
     Device(IpAddr),
     /// A local address where no device listens on the port: a connect is
-    /// rejected at once, as a REQ to a port nobody listens on is.
+    /// rejected (after [`LISTEN_GRACE`]), as a REQ to a port nobody
+    /// listens on is.
     NoListener,
 }
 
@@ -677,7 +678,10 @@ impl CmId {
     /// brings it up (INIT now; RTR and RTS when the peer accepts, then the
     /// RTU, then ESTABLISHED); without, the program gets CONNECT_RESPONSE
     /// and calls [`establish`](Self::establish). UD ids resolve the
-    /// peer's QP (SIDR): ESTABLISHED carries it.
+    /// peer's QP (SIDR): ESTABLISHED carries it. A connect to a port of
+    /// this host that nobody listens on waits up to 100 ms for a listener
+    /// (programs race their listen against their peer's connect), then
+    /// the id gets REJECTED (status 8, invalid service ID).
     pub fn connect(&self, qp: Option<&QueuePair>, param: &ConnParam) -> Result<()> {
         let verb = Verb::RdmaConnect;
         let mut st = self.core.lock();
@@ -709,7 +713,7 @@ impl CmId {
             _ => return Err(einval(verb, "the id is not resolved")),
         };
         // A listener may have come (or gone) since the address was resolved.
-        st.target = resolve_target(space, peer)
+        st.target = connect_target(space, peer)
             .map_err(|e| Error::from_io(verb, &e, "the local rendezvous"))?;
         let service = device.core.cm_service(verb)?;
         let mut private_data = Vec::with_capacity(IP_CM_HDR + param.private_data.len());
@@ -1432,6 +1436,31 @@ fn resolve_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> 
         return Ok(Target::Device(dst.ip()));
     }
     local_target(space, dst)
+}
+
+/// How long a connect to a port of this host that nobody listens on waits
+/// for a listener before it is rejected. Programs race their own listen
+/// against their peer's connect — perftest's `-R` server creates the
+/// test's listener just as its client connects, qperf's server sends its
+/// port before it listens — and on this host the answer needs no round
+/// trip: without the wait, the client that comes first is rejected in
+/// microseconds, where a kernel's REQ would still be on its way.
+const LISTEN_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often a connect that waits for a listener looks again.
+const LISTEN_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Where a connect to `dst` goes: as [`resolve_target`], but a local port
+/// nobody listens on yet is looked at again for up to [`LISTEN_GRACE`]
+/// (the connect waits; a listener that comes gets the request).
+fn connect_target(space: PortSpace, dst: SocketAddr) -> std::io::Result<Target> {
+    let until = std::time::Instant::now() + LISTEN_GRACE;
+    loop {
+        let target = resolve_target(space, dst)?;
+        if target != Target::NoListener || std::time::Instant::now() >= until {
+            return Ok(target);
+        }
+        std::thread::sleep(LISTEN_RECHECK);
+    }
 }
 
 /// The device listening on `dst`'s port in this network namespace (the
