@@ -156,6 +156,10 @@ impl CompletionQueue {
             // Found by this call's own pass: at the time it began.
             core.wait.found(engine.nanos_at(now));
             crate::soft::engine::note_found();
+        } else if polling {
+            // Still nothing: a thread that may be waiting for this core
+            // (the peer, on a crowded host) gets it now and then.
+            crate::soft::engine::yield_while_spinning(now);
         }
         Ok(n)
     }

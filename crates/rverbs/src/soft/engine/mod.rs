@@ -87,7 +87,7 @@ pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
-pub(crate) use park::{note_found, note_poll, Parked, PollerWait};
+pub(crate) use park::{note_found, note_poll, yield_while_spinning, Parked, PollerWait};
 use qpn::QpnSequence;
 use rx::Received;
 pub(crate) use slot::{
