@@ -169,8 +169,9 @@ pub struct BenchArgs {
     /// The latency test gets a second row, whose UDP ping-pong baseline
     /// sends per hop what rverbs puts on the wire: the message with its
     /// RoCE headers (16 bytes more) and a 20-byte ACK as one two-segment
-    /// GSO datagram (`UDP_SEGMENT`), received with `UDP_GRO` — the kernel's
-    /// part of a RoCE ping-pong hop, without rverbs' own work. For the wire
+    /// GSO datagram (`UDP_SEGMENT`), received with `UDP_GRO`, both sides
+    /// sending from unconnected sockets as rverbs does — the kernel's part
+    /// of a RoCE ping-pong hop, without rverbs' own work. For the wire
     /// path's latency test, with messages of at most 4096 bytes (one packet).
     #[arg(long, conflicts_with = "no_baseline")]
     pub udp_pair: bool,
@@ -825,7 +826,7 @@ pub fn serve(listen: &str, pin: Option<usize>) -> Result<()> {
                             // A pair whose rest was lost is answered too:
                             // the client waits for a whole one.
                             pair.receive_rest(&sock, blocking, n, &mut buf)?;
-                            pair.send(&sock, &buf, Some(from))?;
+                            pair.send(&sock, &buf, from)?;
                         }
                         None => {
                             sock.send_to(&buf[..n], from)?;
@@ -1283,7 +1284,14 @@ fn udp_pingpong(
         .strip_prefix("port ")
         .ok_or_else(|| anyhow!("server said {port:?}"))?;
     let sock = UdpSocket::bind("127.0.0.1:0")?;
-    sock.connect(format!("127.0.0.1:{port}"))?;
+    let server: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    // The pair is sent as rverbs must send it: from an unconnected socket,
+    // naming the peer each time (a connected socket's route is cached, but
+    // Linux then numbers its IPv4 IDs from a random start, which a RoCE
+    // sender must know for its ICRC). The plain baseline's client connects.
+    if !pair {
+        sock.connect(server)?;
+    }
     sock.set_nonblocking(!blocking)?;
     sock.set_read_timeout(Some(UDP_RESEND))?;
     let pair = pair.then(|| RocePair::new(&sock, size)).transpose()?;
@@ -1311,7 +1319,7 @@ fn udp_pingpong(
                 );
             }
             match &pair {
-                Some(pair) => pair.send(&sock, &payload, None)?,
+                Some(pair) => pair.send(&sock, &payload, server)?,
                 None => {
                     sock.send(&payload)?;
                 }
@@ -1338,9 +1346,9 @@ fn udp_pingpong(
     // server stops at the first, and after UDP_SERVER_IDLE without any).
     // Once the server's socket is closed, a later one is refused (ICMP port
     // unreachable): that is no error.
-    sock.send(&[])?;
+    sock.send_to(&[], server)?;
     for _ in 0..2 {
-        let _ = sock.send(&[]);
+        let _ = sock.send_to(&[], server);
     }
     expect(control, "ok")?;
     samples.sort_unstable();
@@ -1414,22 +1422,16 @@ impl RocePair {
     }
 
     /// Sends the pair from `buf` (at least [`len`](Self::len) bytes) as
-    /// one GSO datagram, to `to` or the connected peer.
-    fn send(&self, sock: &UdpSocket, buf: &[u8], to: Option<std::net::SocketAddr>) -> Result<()> {
+    /// one GSO datagram, to `to`.
+    fn send(&self, sock: &UdpSocket, buf: &[u8], to: std::net::SocketAddr) -> Result<()> {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
         use std::os::fd::AsRawFd;
         let segment = u16::try_from(self.segments.0).context("message too long for a GSO pair")?;
         let iov = [std::io::IoSlice::new(&buf[..self.len()])];
         let cmsg = [ControlMessage::UdpGsoSegments(&segment)];
-        let to = to.map(SockaddrStorage::from);
-        sendmsg(
-            sock.as_raw_fd(),
-            &iov,
-            &cmsg,
-            MsgFlags::empty(),
-            to.as_ref(),
-        )
-        .context("sending a UDP GSO pair (UDP_SEGMENT; a kernel without UDP GSO refuses it)")?;
+        let to = SockaddrStorage::from(to);
+        sendmsg(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), Some(&to))
+            .context("sending a UDP GSO pair (UDP_SEGMENT; a kernel without UDP GSO refuses it)")?;
         Ok(())
     }
 }

@@ -28,7 +28,10 @@
 //! [`YIELD_AFTER`] of spinning (a free-core wait is rarely that long); one
 //! whose yield another thread took (it came back late) is crowded, and
 //! yields from the first empty poll of each wait, every [`YIELD_EVERY`],
-//! until yields keep coming straight back. In alternating runs, four
+//! until yields keep coming straight back. Yields that keep coming back
+//! after [`YIELD_HOGGED`] go to a CPU hog, which takes every slice handed
+//! to it: the spinner then does not yield for [`HOG_BACKOFF`]. In
+//! alternating runs, four
 //! ping-pong pairs on two cores went from a p99 half round trip 1.49–1.62×
 //! that of four blocking UDP pairs to 1.04–1.22× (same-host) and from
 //! 2.73–3.98× to 1.87–2.34× (wire); a ping-pong on one core from 1.02–1.07×
@@ -125,6 +128,26 @@ const YIELD_TAKEN: Duration = Duration::from_micros(3);
 /// Quick yields in a row after which a crowded spinner waits
 /// [`YIELD_AFTER`] again before its first yield.
 const QUICK_YIELDS_FREE: u32 = 8;
+/// A yield that returns this late gave the core to a thread that ran a
+/// whole scheduler slice (at least a tick, 1–4 ms): a CPU hog, if it keeps
+/// happening, not a peer that answers and waits (a crowded spinner yields
+/// every few microseconds). Yielding again would only hand the hog more
+/// slices while the spinner's own work waits: beside two hogs on two
+/// cores, a ping-pong's median was 0.94 ms before this rule.
+const YIELD_HOGGED: Duration = Duration::from_millis(1);
+/// Two long yields this close show a hog (the second comes at the next
+/// wait's first empty poll, a hog's slice after the first). One alone does
+/// not: among four ping-pong pairs on two cores, about one yield in 2,000
+/// came back after a millisecond or more, and a back-off after each lost
+/// most of what yielding gained there.
+const HOG_WINDOW: Duration = Duration::from_millis(10);
+/// How long a spinner whose yields a hog took first does not yield; each
+/// time a hog is found again, twice as long, up to [`HOG_BACKOFF_MAX`].
+const HOG_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest back-off.
+const HOG_BACKOFF_MAX: Duration = Duration::from_millis(640);
+/// A long yield this long after the one before starts the back-off over.
+const HOG_FORGET: Duration = Duration::from_secs(1);
 
 /// A thread's spin over empty CQs (when it began, its last empty poll, its
 /// last yield) and what its yields have shown of its core.
@@ -138,6 +161,13 @@ struct SpinYields {
     /// Yields in a row that came straight back (nobody else wanted the
     /// core), since the last one that did not.
     quick: u32,
+    /// When the last yield that came back after [`YIELD_HOGGED`] or more
+    /// did.
+    last_long: Option<Instant>,
+    /// The next back-off when a hog is found.
+    backoff: Duration,
+    /// A hog took the yields (see [`HOG_WINDOW`]): no yields until then.
+    hogged_until: Option<Instant>,
 }
 
 impl SpinYields {
@@ -146,6 +176,9 @@ impl SpinYields {
             spin: None,
             crowded: false,
             quick: 0,
+            last_long: None,
+            backoff: HOG_BACKOFF,
+            hogged_until: None,
         }
     }
 
@@ -161,13 +194,27 @@ impl SpinYields {
             _ => (now, None),
         };
         self.spin = Some((since, now, yielded));
+        if self.hogged_until.is_some_and(|t| now < t) {
+            return false;
+        }
         let started = self.crowded || now.saturating_duration_since(since) >= YIELD_AFTER;
         started && yielded.is_none_or(|t| now.saturating_duration_since(t) >= YIELD_EVERY)
     }
 
     /// A yield called at `before` returned at `back`.
     fn yielded(&mut self, before: Instant, back: Instant) {
-        let taken = back.saturating_duration_since(before) >= YIELD_TAKEN;
+        let away = back.saturating_duration_since(before);
+        if away >= YIELD_HOGGED {
+            let since = self.last_long.map(|t| back.saturating_duration_since(t));
+            if since.is_some_and(|d| d <= HOG_WINDOW) {
+                self.hogged_until = Some(back + self.backoff);
+                self.backoff = (self.backoff * 2).min(HOG_BACKOFF_MAX);
+            } else if since.is_none_or(|d| d >= HOG_FORGET) {
+                self.backoff = HOG_BACKOFF;
+            }
+            self.last_long = Some(back);
+        }
+        let taken = away >= YIELD_TAKEN;
         self.quick = if taken {
             0
         } else {
@@ -186,14 +233,34 @@ impl SpinYields {
     }
 }
 
-/// A poll at `now` found its CQ empty while the thread spins: gives the
-/// core away when [`SpinYields::empty_poll`] says so (see the module docs).
-pub(crate) fn yield_while_spinning(now: Instant) {
+/// A poll at `now` found the CQ whose wait is `wait` empty while the thread
+/// spins: gives the core away when [`SpinYields::empty_poll`] says so (see
+/// the module docs). `RVERBS_POLL_YIELD=0` turns yielding off.
+///
+/// The wait goes on across the yield, as across a park (`clock` gives
+/// engine time): a gap that long between empty polls would otherwise start
+/// a new streak, whose spin budget starts afresh, so a spinner beside a
+/// CPU hog never parked. A yield of [`YIELD_HOGGED`] or more counts as a
+/// park: the thread was off its core, and spinning did not catch what came.
+pub(crate) fn yield_while_spinning(
+    now: Instant,
+    wait: &PollerWait,
+    clock: impl Fn(Instant) -> u64,
+) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("RVERBS_POLL_YIELD").map_or(true, |v| v.trim() != "0")) {
+        return;
+    }
     let mut yields = YIELDS.get();
     if yields.empty_poll(now) {
         let before = Instant::now();
         std::thread::yield_now();
-        yields.yielded(before, Instant::now());
+        let back = Instant::now();
+        yields.yielded(before, back);
+        if back.saturating_duration_since(before) >= YIELD_HOGGED {
+            wait.parking();
+        }
+        wait.woke(clock(back));
     }
     YIELDS.set(yields);
 }
@@ -760,6 +827,58 @@ mod tests {
         for k in 1..20 {
             assert!(!y.empty_poll(at(200 + k * 30)));
         }
+    }
+
+    #[test]
+    fn a_spinner_whose_yields_a_hog_keeps_taking_stops_yielding_for_a_while() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let mut y = SpinYields::new();
+        assert!(!y.empty_poll(at(0)));
+        assert!(y.empty_poll(at(15)));
+        // Away for a whole slice, once: no more than crowded.
+        y.yielded(at(15), at(4_015));
+        assert!(y.crowded);
+        y.found();
+        assert!(y.empty_poll(at(4_020)));
+        // Again, a slice after the first: a hog runs here.
+        y.yielded(at(4_020), at(8_020));
+        // No yield, in this wait or the next, until HOG_BACKOFF is over,
+        // however long it spins.
+        for k in 0..200 {
+            assert!(!y.empty_poll(at(8_021 + k * 5)), "{k}");
+        }
+        y.found();
+        assert!(!y.empty_poll(at(20_000)));
+        // Then a crowded spinner yields again at once...
+        let after = 8_020 + HOG_BACKOFF.as_micros() as u64;
+        y.found();
+        assert!(y.empty_poll(at(after)));
+        // ... and a peer's short turn is no hog.
+        y.yielded(at(after), at(after + 40));
+        assert!(!y.empty_poll(at(after + 41)));
+        assert!(y.empty_poll(at(after + 46)));
+        // The hog again: twice the back-off.
+        y.yielded(at(after + 46), at(after + 4_046));
+        y.found();
+        assert!(y.empty_poll(at(after + 4_050)));
+        y.yielded(at(after + 4_050), at(after + 8_050));
+        let back = after + 8_050;
+        let twice = 2 * HOG_BACKOFF.as_micros() as u64;
+        y.found();
+        assert!(!y.empty_poll(at(back + twice - 1)));
+        y.found();
+        assert!(y.empty_poll(at(back + twice)));
+        // Long yields far apart (more than HOG_WINDOW) show no hog.
+        let later = back + twice + 2 * HOG_FORGET.as_micros() as u64;
+        y.found();
+        assert!(y.empty_poll(at(later)));
+        y.yielded(at(later), at(later + 2_000));
+        y.found();
+        assert!(y.empty_poll(at(later + 50_000)));
+        y.yielded(at(later + 50_000), at(later + 52_000));
+        y.found();
+        assert!(y.empty_poll(at(later + 52_001)));
     }
 
     #[test]
