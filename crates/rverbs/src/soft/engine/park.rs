@@ -31,11 +31,11 @@
 //! until yields keep coming straight back. Yields that keep coming back
 //! after [`YIELD_HOGGED`] go to a CPU hog, which takes every slice handed
 //! to it: the spinner then does not yield for [`HOG_BACKOFF`]. In
-//! alternating runs, four
-//! ping-pong pairs on two cores went from a p99 half round trip 1.49–1.62×
-//! that of four blocking UDP pairs to 1.04–1.22× (same-host) and from
-//! 2.73–3.98× to 1.87–2.34× (wire); a ping-pong on one core from 1.02–1.07×
-//! blocking UDP to 0.61–0.68× (same-host); free cores were as before.
+//! alternating runs against the engine without yielding, four ping-pong
+//! pairs on two cores went from a p99 half round trip 1.71–2.41× that of
+//! four blocking UDP pairs to 1.30–2.03× (same-host) and from 2.79–3.38×
+//! to 1.61–2.97× (wire); a ping-pong on one core from 0.98–1.13× blocking
+//! UDP to 0.62–0.67× (same-host); free cores were as before.
 //!
 //! The sleep's deadline is the QP timers' real next expiry (see
 //! `settle_timers`), bounded by [`PARK_LIMIT`], which is longer than a
@@ -237,11 +237,16 @@ impl SpinYields {
 /// spins: gives the core away when [`SpinYields::empty_poll`] says so (see
 /// the module docs). `RVERBS_POLL_YIELD=0` turns yielding off.
 ///
-/// The wait goes on across the yield, as across a park (`clock` gives
-/// engine time): a gap that long between empty polls would otherwise start
-/// a new streak, whose spin budget starts afresh, so a spinner beside a
-/// CPU hog never parked. A yield of [`YIELD_HOGGED`] or more counts as a
-/// park: the thread was off its core, and spinning did not catch what came.
+/// A yield of [`YIELD_HOGGED`] or more counts as a park, and the wait goes
+/// on across it as across a park (`clock` gives engine time): the thread
+/// was off its core, and spinning did not catch what came; and a gap that
+/// long between empty polls would otherwise start a new streak, whose spin
+/// budget starts afresh, so a spinner beside a CPU hog never parked. A
+/// shorter yield, which a peer took, does start a new streak: among four
+/// ping-pong pairs on two cores, keeping the wait across those too made
+/// the pollers park where yielding had handed the core over: four pairs'
+/// wire p99 was 2.32–2.65× blocking UDP against 1.79–2.15× without that,
+/// in three alternating runs.
 pub(crate) fn yield_while_spinning(
     now: Instant,
     wait: &PollerWait,
@@ -259,8 +264,8 @@ pub(crate) fn yield_while_spinning(
         yields.yielded(before, back);
         if back.saturating_duration_since(before) >= YIELD_HOGGED {
             wait.parking();
+            wait.woke(clock(back));
         }
-        wait.woke(clock(back));
     }
     YIELDS.set(yields);
 }
