@@ -102,13 +102,20 @@ fn listening_and_resolved(
     let server = CmId::new(&sch, space).unwrap();
     server.bind_addr(addr(listen_on)).unwrap();
     server.listen(8).unwrap();
+    let (cch, client) = resolved(space, client_src, dst);
+    (sch, server, cch, client)
+}
+
+/// A client id on its own channel, its address and route to `dst`
+/// resolved (from `src`, if given).
+fn resolved(space: PortSpace, src: Option<SocketAddr>, dst: &str) -> (EventChannel, CmId) {
     let cch = EventChannel::new().unwrap();
     let client = CmId::new(&cch, space).unwrap();
-    client.resolve_addr(client_src, addr(dst)).unwrap();
+    client.resolve_addr(src, addr(dst)).unwrap();
     expect(&cch, CmEventKind::AddrResolved);
     client.resolve_route().unwrap();
     expect(&cch, CmEventKind::RouteResolved);
-    (sch, server, cch, client)
+    (cch, client)
 }
 
 /// Connects, accepts, sends one message each way, disconnects; checks
@@ -242,14 +249,7 @@ fn nobody_listening_is_rejected() {
 #[test]
 fn a_listener_that_comes_just_after_the_connect_gets_the_request() {
     let p = port();
-    let cch = EventChannel::new().unwrap();
-    let client = CmId::new(&cch, PortSpace::Tcp).unwrap();
-    client
-        .resolve_addr(None, addr(&format!("127.0.0.1:{p}")))
-        .unwrap();
-    expect(&cch, CmEventKind::AddrResolved);
-    client.resolve_route().unwrap();
-    expect(&cch, CmEventKind::RouteResolved);
+    let (cch, client) = resolved(PortSpace::Tcp, None, &format!("127.0.0.1:{p}"));
     let c = side(&client, QpType::Rc);
     let listener = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -632,14 +632,7 @@ fn dropping_a_channel_with_unread_events_frees_its_ids() {
     let listener = CmId::new(&ch, PortSpace::Tcp).unwrap();
     listener.bind_addr(addr(&format!("0.0.0.0:{p}"))).unwrap();
     listener.listen(4).unwrap();
-    let cch = EventChannel::new().unwrap();
-    let client = CmId::new(&cch, PortSpace::Tcp).unwrap();
-    client
-        .resolve_addr(None, addr(&format!("127.0.0.1:{p}")))
-        .unwrap();
-    expect(&cch, CmEventKind::AddrResolved);
-    client.resolve_route().unwrap();
-    expect(&cch, CmEventKind::RouteResolved);
+    let (cch, client) = resolved(PortSpace::Tcp, None, &format!("127.0.0.1:{p}"));
     let c = side(&client, QpType::Rc);
     client.connect(Some(&c.qp), &ConnParam::default()).unwrap();
     // The request is waiting in the listener's channel, unread.
