@@ -11,6 +11,10 @@
 //!
 //! Devices not named get `rverbs0`, `rverbs1`, … in order. A bad value is an
 //! error that names the variable or file, never a silent default.
+//!
+//! Also the on/off switches of the data path ([`switched_on`]):
+//! `RVERBS_SAME_HOST`, `RVERBS_SAME_HOST_CMA`, `RVERBS_GSO`,
+//! `RVERBS_POLL_PARK`, `RVERBS_POLL_YIELD`.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -29,6 +33,11 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/rverbs/rverbs.toml";
 pub const MAX_DEVICES: usize = 16;
 /// Longest device name (`ibv_device::name` holds 64 bytes with the NUL).
 pub const MAX_NAME_LEN: usize = 63;
+
+/// Whether the switch `var` is on: it is unless set to `0`.
+pub(crate) fn switched_on(var: &str) -> bool {
+    std::env::var(var).map_or(true, |v| v.trim() != "0")
+}
 
 /// Where a device's UDP endpoint (port 4791) binds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -159,7 +159,7 @@ impl CompletionQueue {
         } else if polling {
             // Still nothing: a thread that may be waiting for this core
             // (the peer, on a crowded host) gets it now and then.
-            crate::soft::engine::yield_while_spinning(now, &core.wait, |t| engine.nanos_at(t));
+            engine.yield_while_spinning(now, &core.wait);
         }
         Ok(n)
     }

@@ -201,14 +201,14 @@ const REFUSAL_STANDS: Duration = Duration::from_millis(100);
 /// off for the process (no listener, no handshake: the wire for every QP,
 /// for captures and interop tests).
 pub(crate) fn enabled() -> bool {
-    std::env::var("RVERBS_SAME_HOST").map_or(true, |v| v.trim() != "0")
+    crate::soft::config::switched_on("RVERBS_SAME_HOST")
 }
 
 /// Whether payloads may go by cross-memory attach: `RVERBS_SAME_HOST_CMA=0`
 /// keeps every payload in the ring (two copies), as where a container's
 /// seccomp profile refuses `process_vm_readv` — to measure that fallback.
 fn cma_enabled() -> bool {
-    std::env::var("RVERBS_SAME_HOST_CMA").map_or(true, |v| v.trim() != "0")
+    crate::soft::config::switched_on("RVERBS_SAME_HOST_CMA")
 }
 
 /// A link to a device of this host.

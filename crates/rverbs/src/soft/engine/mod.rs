@@ -87,7 +87,7 @@ pub(crate) use gsi::{GsiPort, DEFAULT_PKEY, GSI_QPN, MAD_LEN};
 pub(crate) use multicast::AttachError;
 use multicast::McastGroup;
 use park::Bell;
-pub(crate) use park::{note_found, note_poll, yield_while_spinning, Parked, PollerWait};
+pub(crate) use park::{note_found, note_poll, Parked, PollerWait};
 use qpn::QpnSequence;
 use rx::Received;
 pub(crate) use slot::{
@@ -370,7 +370,7 @@ impl Engine {
         // sendmmsg): for a capture that shows one packet per send, or a
         // kernel whose GSO misbehaves. The engine also falls back to that
         // by itself when the kernel refuses a GSO send.
-        let gso = std::env::var("RVERBS_GSO").map_or(true, |v| v.trim() != "0");
+        let gso = crate::soft::config::switched_on("RVERBS_GSO");
         // GRO: take a batch of equal-sized datagrams in one receive.
         let _ = setsockopt(&socket, sockopt::UdpGroSegment, &true);
         let waker = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;

@@ -20,7 +20,7 @@
 //! than a spinner that was preempted.
 //!
 //! While it spins, a poller gives its core away now and then
-//! (`sched_yield(2)`, [`yield_while_spinning`]): where other threads wait
+//! (`sched_yield(2)`, [`Engine::yield_while_spinning`]): where other threads wait
 //! for the core — the very peer whose packet the spinner waits for, on a
 //! crowded host — they run now, not when the scheduler's slice or the spin
 //! budget runs out. A yield costs about 0.6 µs here even when nobody takes
@@ -92,6 +92,9 @@ pub(crate) struct Bell {
     /// Pollers may park: `RVERBS_POLL_PARK=0` says no from the start; a
     /// stalled program (see the module docs) from then on.
     parking: AtomicBool,
+    /// Spinning pollers may yield their core: `RVERBS_POLL_YIELD=0` says
+    /// no (see [`Engine::yield_while_spinning`]).
+    yielding: bool,
     /// Parks that stalled the program (see the module docs).
     stalls: AtomicU64,
 }
@@ -111,7 +114,7 @@ thread_local! {
     /// (see `rx::receive`).
     static SOCKET_SEEN_EMPTY: Cell<Option<(RawFd, Instant)>> = const { Cell::new(None) };
     /// This thread's spin over empty CQs and what its yields have shown
-    /// (see [`yield_while_spinning`]).
+    /// (see [`Engine::yield_while_spinning`]).
     static YIELDS: Cell<SpinYields> = const { Cell::new(SpinYields::new()) };
 }
 
@@ -201,10 +204,12 @@ impl SpinYields {
         started && yielded.is_none_or(|t| now.saturating_duration_since(t) >= YIELD_EVERY)
     }
 
-    /// A yield called at `before` returned at `back`.
-    fn yielded(&mut self, before: Instant, back: Instant) {
+    /// A yield called at `before` returned at `back`. Whether it was long
+    /// enough ([`YIELD_HOGGED`]) to count as a park.
+    fn yielded(&mut self, before: Instant, back: Instant) -> bool {
         let away = back.saturating_duration_since(before);
-        if away >= YIELD_HOGGED {
+        let long = away >= YIELD_HOGGED;
+        if long {
             let since = self.last_long.map(|t| back.saturating_duration_since(t));
             if since.is_some_and(|d| d <= HOG_WINDOW) {
                 self.hogged_until = Some(back + self.backoff);
@@ -225,49 +230,13 @@ impl SpinYields {
             // The time away does not break the spin.
             self.spin = Some((since, back, Some(back)));
         }
+        long
     }
 
     /// A poll found completions: the spin is over.
     fn found(&mut self) {
         self.spin = None;
     }
-}
-
-/// A poll at `now` found the CQ whose wait is `wait` empty while the thread
-/// spins: gives the core away when [`SpinYields::empty_poll`] says so (see
-/// the module docs). `RVERBS_POLL_YIELD=0` turns yielding off.
-///
-/// A yield of [`YIELD_HOGGED`] or more counts as a park, and the wait goes
-/// on across it as across a park (`clock` gives engine time): the thread
-/// was off its core, and spinning did not catch what came; and a gap that
-/// long between empty polls would otherwise start a new streak, whose spin
-/// budget starts afresh, so a spinner beside a CPU hog never parked. A
-/// shorter yield, which a peer took, does start a new streak: among four
-/// ping-pong pairs on two cores, keeping the wait across those too made
-/// the pollers park where yielding had handed the core over: four pairs'
-/// wire p99 was 2.32–2.65× blocking UDP against 1.79–2.15× without that,
-/// in three alternating runs.
-pub(crate) fn yield_while_spinning(
-    now: Instant,
-    wait: &PollerWait,
-    clock: impl Fn(Instant) -> u64,
-) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("RVERBS_POLL_YIELD").map_or(true, |v| v.trim() != "0")) {
-        return;
-    }
-    let mut yields = YIELDS.get();
-    if yields.empty_poll(now) {
-        let before = Instant::now();
-        std::thread::yield_now();
-        let back = Instant::now();
-        yields.yielded(before, back);
-        if back.saturating_duration_since(before) >= YIELD_HOGGED {
-            wait.parking();
-            wait.woke(clock(back));
-        }
-    }
-    YIELDS.set(yields);
 }
 
 /// When the calling thread's last park saw the socket `fd` empty as it
@@ -309,9 +278,8 @@ impl Bell {
             fd: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
             parked: AtomicU32::new(0),
             pushed: AtomicU64::new(0),
-            parking: AtomicBool::new(
-                std::env::var("RVERBS_POLL_PARK").map_or(true, |v| v.trim() != "0"),
-            ),
+            parking: AtomicBool::new(crate::soft::config::switched_on("RVERBS_POLL_PARK")),
+            yielding: crate::soft::config::switched_on("RVERBS_POLL_YIELD"),
             stalls: AtomicU64::new(0),
         }));
         *bell = Some(made);
@@ -609,6 +577,37 @@ pub(crate) enum Parked {
 }
 
 impl Engine {
+    /// A poll at `now` found the CQ whose wait is `wait` empty while the
+    /// thread spins: gives the core away when [`SpinYields::empty_poll`]
+    /// says so (see the module docs), unless `RVERBS_POLL_YIELD=0`.
+    ///
+    /// A yield of [`YIELD_HOGGED`] or more counts as a park, and the wait
+    /// goes on across it as across a park: the thread was off its core, and
+    /// spinning did not catch what came; and a gap that long between empty
+    /// polls would otherwise start a new streak, whose spin budget starts
+    /// afresh, so a spinner beside a CPU hog never parked. A shorter yield,
+    /// which a peer took, does start a new streak: among four ping-pong
+    /// pairs on two cores, keeping the wait across those too made the
+    /// pollers park where yielding had handed the core over: four pairs'
+    /// wire p99 was 2.32–2.65× blocking UDP against 1.79–2.15× without
+    /// that, in three alternating runs.
+    pub(crate) fn yield_while_spinning(&self, now: Instant, wait: &PollerWait) {
+        if !self.bell.yielding {
+            return;
+        }
+        let mut yields = YIELDS.get();
+        if yields.empty_poll(now) {
+            let before = Instant::now();
+            std::thread::yield_now();
+            let back = Instant::now();
+            if yields.yielded(before, back) {
+                wait.parking();
+                wait.woke(self.nanos_at(back));
+            }
+        }
+        YIELDS.set(yields);
+    }
+
     /// Parks a thread that polls an empty CQ: one pass first (what is due
     /// runs and held ACKs go, so the sleeper is not woken just to send
     /// them), then, unless work is due, a completion was pushed to any CQ
