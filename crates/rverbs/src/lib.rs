@@ -150,7 +150,8 @@ pub mod log {
 /// crate's own tests turn on; never enabled in a build that ships): makes a
 /// device's engine panic, so tests can check that the device then fails
 /// safely — `IBV_EVENT_DEVICE_FATAL` to every context, EIO from later verbs,
-/// no hang and no abort.
+/// no hang and no abort — or stall, so tests can check what a starved
+/// engine does when it runs again.
 #[cfg(feature = "fault-injection")]
 pub mod fault {
     pub use crate::soft::engine::PanicSite;
@@ -162,6 +163,14 @@ pub mod fault {
     /// before its transmit.
     pub fn arm_panic(device: &crate::Device, site: PanicSite) {
         device.core.engine.arm_panic(site);
+    }
+
+    /// Makes the next QP verb on `device` (a post, say) hold its engine's
+    /// lock for `hold` after its transmit: the whole engine kept off the
+    /// cores, as a busy host does to a process's threads, while what it
+    /// just sent waits in the sockets.
+    pub fn arm_stall(device: &crate::Device, hold: std::time::Duration) {
+        device.core.engine.arm_stall(hold);
     }
 }
 

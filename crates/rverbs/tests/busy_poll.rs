@@ -9,6 +9,10 @@
 //! nearly one packet per READ); and a stream of 64 KiB RDMA WRITEs. The
 //! passive side spins on its CQ meanwhile, as a benchmark's server does.
 //!
+//! And an RC pair on one device whose engine is stalled (the test-only
+//! `rverbs::fault::arm_stall`) just past the retransmission floor after a
+//! SEND: the ACK its own engine owes is found before the timer runs.
+//!
 //! The tests take turns (`ONE_AT_A_TIME`): the load beside each is what it
 //! says — its own two pollers, and its hogs — not the other tests' too. A
 //! resend is excused only if the host itself kept a woken thread waiting
@@ -44,7 +48,10 @@ struct Side {
 }
 
 fn side(name: String) -> Side {
-    let dev = rverbs::add_device(DeviceConfig::loopback().named(name)).unwrap();
+    side_on(rverbs::add_device(DeviceConfig::loopback().named(name)).unwrap())
+}
+
+fn side_on(dev: Device) -> Side {
     let ctx = dev.open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).unwrap();
@@ -76,16 +83,21 @@ fn side(name: String) -> Side {
 fn pair(tag: &str) -> (Side, Side) {
     let a = side(format!("bp-{tag}-a"));
     let b = side(format!("bp-{tag}-b"));
+    connect(&a, &b, 12);
+    (a, b)
+}
+
+/// Connects `a` and `b` with local ACK timeout `timeout` and retry_cnt 7.
+fn connect(a: &Side, b: &Side, timeout: u8) {
     let ea = Endpoint::for_qp(&a.qp);
     let eb = Endpoint::for_qp(&b.qp);
     let opts = ConnectOptions {
-        timeout: 12,
+        timeout,
         retry_cnt: 7,
         ..ConnectOptions::default()
     };
     a.qp.connect(ea.psn, &eb, &opts).unwrap();
     b.qp.connect(eb.psn, &ea, &opts).unwrap();
-    (a, b)
 }
 
 /// What one side saw.
@@ -370,4 +382,74 @@ fn busy_polled_reads_never_resend() {
 fn busy_polled_write_stream_never_resends() {
     check(Workload::Writes, 2000, 0, "wr");
     check(Workload::Writes, 500, cores(), "wrh");
+}
+
+/// An RC pair on one device whose whole engine is kept off the cores a
+/// little longer than the retransmission timer's floor, right after a SEND
+/// left (`rverbs::fault::arm_stall`): when the engine runs again, its first
+/// pass reads the request and finds the requester's timer due, the ACK not
+/// made yet. Nothing may be resent — the ACK goes out and is read back
+/// before the timer runs. A fresh pair each round: a QP's first round trip
+/// (the stall in it) would raise its timer above the stall.
+#[test]
+fn an_engine_kept_off_the_cores_past_a_timer_resends_nothing_to_itself() {
+    const ROUNDS: usize = 4;
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let watch = StallWatch::start();
+    let dev = rverbs::add_device(DeviceConfig::loopback().named("bp-stall")).unwrap();
+    let mut stalls = 0;
+    let mut resent_in = Vec::new();
+    for round in 0..ROUNDS {
+        // The rounds' own stalls are not the host's: each round's polls
+        // count gaps from its first on.
+        let mut polls = Run::default();
+        let before = dev.net_stats().retransmitted;
+        let (a, b) = (side_on(dev.clone()), side_on(dev.clone()));
+        // Timeout 14 (67 ms): only the adaptive timer, whose floor is
+        // RETRANSMIT_FLOOR, can be due after the stall.
+        connect(&a, &b, 14);
+        let (recv_sg, send_sg) = ([sge(&b.mr, 0, 64)], [sge(&a.mr, 0, 8)]);
+        b.qp.post_recv(&RecvWr::new(1, &recv_sg)).unwrap();
+        let hold = common::stall::RETRANSMIT_FLOOR + Duration::from_micros(500);
+        rverbs::fault::arm_stall(&dev, hold);
+        a.qp.post_send(&SendWr::new(2, WrOpcode::Send, &send_sg).signaled())
+            .unwrap();
+        let (mut sent, mut received) = (false, false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut wc = [WorkCompletion::default(); 4];
+        while !(sent && received) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no completion in 10 s"
+            );
+            polls.polling();
+            for (cq, side_b) in [(&a.cq, false), (&b.cq, true)] {
+                let n = cq.poll(&mut wc).unwrap();
+                for c in &wc[..n] {
+                    assert!(polls.check(c), "round {round}: {c:?}");
+                    sent |= !side_b && c.opcode == WcOpcode::Send;
+                    received |= side_b && c.opcode == WcOpcode::Recv;
+                }
+            }
+        }
+        stalls += polls.stalls;
+        if dev.net_stats().retransmitted != before {
+            resent_in.push(round);
+        }
+    }
+    let s = dev.net_stats();
+    let what = format!(
+        "{ROUNDS} stalled rounds, resends in rounds {resent_in:?}; a woken thread kept \
+         waiting up to {:?}; counters {:?}",
+        watch.worst(),
+        s.counters()
+            .into_iter()
+            .filter(|c| c.1 != 0)
+            .collect::<Vec<_>>()
+    );
+    eprintln!("{what}");
+    if !common::stall::excused(watch.stalls() + stalls, s.timeouts) {
+        assert_eq!(s.retransmitted, 0, "resent: {what}");
+        assert_eq!(s.timeouts, 0, "timer expiries: {what}");
+    }
 }

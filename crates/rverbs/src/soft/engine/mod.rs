@@ -145,8 +145,14 @@ const SOCKET_BUFFER_FORCED: usize = 16 << 20;
 /// thread keeps off the socket.
 const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
 
-/// Longest a due timer waits for a pass that reads the socket dry.
-const TIMER_DEFER: Duration = Duration::from_millis(1);
+/// Longest a due timer waits for a pass that reads the socket dry. Beside
+/// two CPU hogs, a debug build's engine can take more than 1 ms to work
+/// through what a window of packets left in its socket, the ACK behind it:
+/// with 1 ms, 7 of 739 runs of `tests/many_sges.rs` resent for that alone
+/// (the timer run 1.0–1.9 ms late from a pass that had not read the socket
+/// dry); with 2 ms, none of 500. A timer this late then waits once more
+/// (`LATE_TIMER`, as long again).
+const TIMER_DEFER: Duration = Duration::from_millis(2);
 
 /// Where an injected panic strikes (the `fault-injection` feature: tests
 /// only).
@@ -207,6 +213,10 @@ struct State {
     /// A panic a test armed (see `crate::fault`).
     #[cfg(feature = "fault-injection")]
     armed_panic: Option<PanicSite>,
+    /// How long the next QP verb holds the lock after its transmit (a test
+    /// armed it, see `crate::fault`).
+    #[cfg(feature = "fault-injection")]
+    armed_stall: Option<Duration>,
     /// Bytes the RC QPs' exchanges may still put into receiving sockets
     /// (packets in flight, each costed by [`in_flight_cost`]), summed over
     /// the QPs as they were last counted.
@@ -407,6 +417,8 @@ impl Engine {
                 socket_quiet_since: None,
                 #[cfg(feature = "fault-injection")]
                 armed_panic: None,
+                #[cfg(feature = "fault-injection")]
+                armed_stall: None,
             }),
             failed: AtomicBool::new(false),
             failure_told: AtomicBool::new(false),
@@ -551,6 +563,13 @@ impl Engine {
         let _ = self.locked(|st| st.armed_panic = Some(site));
     }
 
+    /// Makes the next QP verb hold the lock for `hold` after its transmit
+    /// (tests only, see `crate::fault`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn arm_stall(&self, hold: Duration) {
+        let _ = self.locked(|st| st.armed_stall = Some(hold));
+    }
+
     /// Most packets of `mtu` bytes one QP should have in flight: half of
     /// what our receive buffer holds (the kernel charges about twice the
     /// payload per packet), assuming the peer's is like ours — a stock
@@ -680,6 +699,10 @@ impl Engine {
             let now = Instant::now();
             tx::flush(st, &self.mrs, now, acks);
             self.wake_if_earlier(st, now);
+            #[cfg(feature = "fault-injection")]
+            if let Some(hold) = st.armed_stall.take() {
+                std::thread::sleep(hold);
+            }
             Some(r)
         })
         .ok()
@@ -1004,20 +1027,33 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     // back from a long preemption to a due timer and a full socket). The
     // next pass is due at once; under a flood that never lets the socket
     // run dry, a timer waits `TIMER_DEFER` at most.
-    let ripe = if drained {
-        now
-    } else {
-        now.checked_sub(TIMER_DEFER).unwrap_or(now)
-    };
+    let deferred = now.checked_sub(TIMER_DEFER).unwrap_or(now);
+    let mut ripe = if drained { now } else { deferred };
+    // A due timer waits, too, for the ACKs this engine owes to be sent and
+    // read back: they may be owed to a QP of this very engine (an RC pair on
+    // one device). After a stretch off the cores, the pass that reads a
+    // request may find its requester's timer due before the ACK is made,
+    // and a poller's pass holds that ACK back while the next pass, finding
+    // the socket dry, runs the timer. On loopback the ACKs' send puts them
+    // into this socket before it returns. (`tests/busy_poll.rs` stalls an
+    // engine 10.5 ms after a SEND: 23 of 24 rounds resent before this.)
+    if (received || !st.held_acks.is_empty()) && rc_timer_due(st, ripe) {
+        release_held_acks(st);
+        tx::flush(st, mem, now, AckPolicy::Now);
+        if !rx::receive(st, mem, Driver::Engine, Instant::now()) {
+            ripe = deferred;
+        }
+    }
     while let Some(&(t, qpn)) = st.timers.first().filter(|&&(t, _)| t <= ripe) {
         st.timers.remove(&(t, qpn));
         let Some(slot) = st.qps.get_mut(&qpn) else {
             continue;
         };
         slot.deadline = None;
-        // The entry may be early (see flush): run only what is really due.
+        // The entry may be early (see flush): run only what is really due,
+        // by the same measure (the flush files the real deadline again).
         if let slot::Transport::Rc(rc) = &mut slot.transport {
-            if rc.next_timeout().is_some_and(|d| d <= now) {
+            if rc.next_timeout().is_some_and(|d| d <= ripe) {
                 // Nothing is lost in a same-host ring: while its reader is
                 // alive and moving, packets still in it are only late.
                 if slot
@@ -1040,19 +1076,37 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
         // call, and one held back stalls a sender whose window it would open.
         Driver::Engine if received && !from_rings_only(st, before, ring_before) => AckPolicy::Hold,
         Driver::Engine | Driver::Parking => {
-            let mut held = std::mem::take(&mut st.held_acks);
-            for &qpn in &held {
-                if let Some(slot) = st.qps.get_mut(&qpn) {
-                    slot.ack_listed = false;
-                }
-                mark_dirty(st, qpn);
-            }
-            held.clear();
-            st.held_acks = held;
+            release_held_acks(st);
             AckPolicy::Now
         }
     };
     tx::flush(st, mem, now, acks);
+}
+
+/// Marks the QPs that hold an ACK back dirty, for a flush with
+/// [`AckPolicy::Now`] to send them.
+fn release_held_acks(st: &mut State) {
+    let mut held = std::mem::take(&mut st.held_acks);
+    for &qpn in &held {
+        if let Some(slot) = st.qps.get_mut(&qpn) {
+            slot.ack_listed = false;
+        }
+        mark_dirty(st, qpn);
+    }
+    held.clear();
+    st.held_acks = held;
+}
+
+/// Whether a timer is due by `ripe` (an entry of the set may be early, see
+/// `tx::flush`: the QP's own deadline is what counts).
+fn rc_timer_due(st: &State, ripe: Instant) -> bool {
+    st.timers.range(..=(ripe, u32::MAX)).any(|&(_, qpn)| {
+        st.qps
+            .get(&qpn)
+            .and_then(|slot| slot.rc())
+            .and_then(RcQp::next_timeout)
+            .is_some_and(|d| d <= ripe)
+    })
 }
 
 /// Whether a pass that began with these counters received only from

@@ -30,8 +30,9 @@ const RTT_PEAK_MEMORY: Duration = Duration::from_secs(2);
 /// An adaptive timer that runs this late says the host is busy: our own
 /// threads were kept off the cores, and the peer's ACK, on a host as busy,
 /// may be late for the same reason. It waits as long again (at most one
-/// more timeout), once, before it resends. Above the engine's own deferral
-/// of timers while packets wait (1 ms), so the two do not stack.
+/// more timeout), once, before it resends. The engine's own deferral of
+/// timers while packets wait in its socket (2 ms) ends this late too: a
+/// backlog that long is a busy host as well.
 const LATE_TIMER: Duration = Duration::from_millis(2);
 
 /// What the completer keeps: how far the peer acknowledged, the retry
