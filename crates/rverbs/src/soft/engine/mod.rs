@@ -1037,33 +1037,41 @@ fn progress(st: &mut State, mem: &MrTable, driver: Driver) {
     // the socket dry, runs the timer. On loopback the ACKs' send puts them
     // into this socket before it returns. (`tests/busy_poll.rs` stalls an
     // engine 10.5 ms after a SEND: 23 of 24 rounds resent before this.)
-    if (received || !st.held_acks.is_empty()) && rc_timer_due(st, ripe) {
-        release_held_acks(st);
-        tx::flush(st, mem, now, AckPolicy::Now);
-        if !rx::receive(st, mem, Driver::Engine, Instant::now()) {
-            ripe = deferred;
-        }
-    }
+    let mut acks_owed = received || !st.held_acks.is_empty();
     while let Some(&(t, qpn)) = st.timers.first().filter(|&&(t, _)| t <= ripe) {
+        // The entry may be early (see flush): what counts is whether the
+        // QP's own deadline is due by the same measure.
+        let due = st
+            .qps
+            .get(&qpn)
+            .and_then(QpSlot::rc)
+            .and_then(RcQp::next_timeout)
+            .is_some_and(|d| d <= ripe);
+        if due && acks_owed {
+            acks_owed = false;
+            release_held_acks(st);
+            tx::flush(st, mem, now, AckPolicy::Now);
+            if !rx::receive(st, mem, Driver::Engine, Instant::now()) {
+                ripe = deferred;
+            }
+            // Look again: an ACK read back may have made it not due.
+            continue;
+        }
         st.timers.remove(&(t, qpn));
         let Some(slot) = st.qps.get_mut(&qpn) else {
             continue;
         };
         slot.deadline = None;
-        // The entry may be early (see flush): run only what is really due,
-        // by the same measure (the flush files the real deadline again).
-        if let slot::Transport::Rc(rc) = &mut slot.transport {
-            if rc.next_timeout().is_some_and(|d| d <= ripe) {
-                // Nothing is lost in a same-host ring: while its reader is
-                // alive and moving, packets still in it are only late.
-                if slot
-                    .peer
-                    .is_some_and(|p| st.links.peer_behind(p.ip(), now, slot.ring_mark))
-                {
-                    rc.postpone_retransmission(now, now + local::RING_LATE_RECHECK);
-                }
-                rc.handle_timeout(now);
+        if let (true, slot::Transport::Rc(rc)) = (due, &mut slot.transport) {
+            // Nothing is lost in a same-host ring: while its reader is
+            // alive and moving, packets still in it are only late.
+            if slot
+                .peer
+                .is_some_and(|p| st.links.peer_behind(p.ip(), now, slot.ring_mark))
+            {
+                rc.postpone_retransmission(now, now + local::RING_LATE_RECHECK);
             }
+            rc.handle_timeout(now);
         }
         // The flush puts its real next deadline back.
         mark_dirty(st, qpn);
@@ -1095,18 +1103,6 @@ fn release_held_acks(st: &mut State) {
     }
     held.clear();
     st.held_acks = held;
-}
-
-/// Whether a timer is due by `ripe` (an entry of the set may be early, see
-/// `tx::flush`: the QP's own deadline is what counts).
-fn rc_timer_due(st: &State, ripe: Instant) -> bool {
-    st.timers.range(..=(ripe, u32::MAX)).any(|&(_, qpn)| {
-        st.qps
-            .get(&qpn)
-            .and_then(|slot| slot.rc())
-            .and_then(RcQp::next_timeout)
-            .is_some_and(|d| d <= ripe)
-    })
 }
 
 /// Whether a pass that began with these counters received only from
