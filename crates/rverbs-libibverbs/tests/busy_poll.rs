@@ -77,7 +77,7 @@ impl Run {
     fn summary(&self) -> String {
         format!(
             "{}: exit {}, ALL OK {}/2, slowest {:?} us, retransmitted {:?}, timeouts {:?}, \
-             duplicates {:?}, host stall {:?} ({} of 10 ms or more)",
+             duplicates {:?}, host stall {:?} ({} × 10 ms)",
             self.label,
             if self.exit_ok { "ok" } else { "FAILED" },
             self.all_ok,

@@ -110,7 +110,8 @@ struct Run {
     /// A completion that was not a success, if any.
     error: Option<WorkCompletion>,
     /// Times two polls were 10 ms or more apart: the host kept this
-    /// runnable thread off the cores (a poll sleeps 1 ms at most).
+    /// runnable thread off the cores (a poll sleeps 1 ms at most); once
+    /// per whole 10 ms.
     stalls: u64,
     /// When the last poll began.
     last_poll: Option<Instant>,
@@ -120,11 +121,8 @@ impl Run {
     /// Notes a poll about to begin.
     fn polling(&mut self) {
         let now = Instant::now();
-        if self
-            .last_poll
-            .is_some_and(|t| now.duration_since(t) >= common::stall::RETRANSMIT_FLOOR)
-        {
-            self.stalls += 1;
+        if let Some(t) = self.last_poll {
+            self.stalls += common::stall::floors(now.duration_since(t));
         }
         self.last_poll = Some(now);
     }
@@ -325,7 +323,7 @@ fn check(workload: Workload, rounds: usize, hogs: usize, tag: &str) {
     let (sa, sb) = (a.dev.net_stats(), b.dev.net_stats());
     let what = format!(
         "{workload:?} {rounds} rounds, {hogs} hogs, a woken thread kept waiting up to {:?} \
-         ({} stalls of 10 ms or more)\n\
+         ({} × 10 ms of host stalls)\n\
          a {ra:?}\nb {rb:?}\na counters {:?}\nb counters {:?}",
         watch.worst(),
         watch.stalls(),

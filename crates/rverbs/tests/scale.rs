@@ -151,7 +151,7 @@ fn a_thousand_qps_stream_writes_through_stock_socket_buffers() {
     let allowed = packets / 20 + stalls * per_stall;
     eprintln!(
         "{PAIRS} QP pairs, {packets} WRITE packets: {resent} resent, {timeouts} timer \
-         expiries, {stalls} host stalls of 10 ms or more (worst wake-up {worst:?} late)"
+         expiries, {stalls} × 10 ms of host stalls (worst wake-up {worst:?} late)"
     );
     assert!(
         resent <= allowed,

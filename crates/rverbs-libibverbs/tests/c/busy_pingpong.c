@@ -265,10 +265,11 @@ static void run(int rfd, int wfd, long iters, int nhogs, uint32_t psn)
 		while (sent <= i || received <= i) {
 			struct ibv_wc wc[8];
 			/* Two polls 10 ms or more apart: the host kept this
-			 * thread off the cores (a poll sleeps 1 ms at most). */
+			 * thread off the cores (a poll sleeps 1 ms at most),
+			 * counted once per whole 10 ms. */
 			long long t = now_ns();
-			if (last_poll && t - last_poll >= 10000000LL)
-				poller_stalls++;
+			if (last_poll)
+				poller_stalls += (t - last_poll) / 10000000LL;
 			last_poll = t;
 			int n = ibv_poll_cq(cq, 8, wc);
 			if (n < 0)

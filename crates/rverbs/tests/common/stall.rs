@@ -11,8 +11,11 @@
 //! only up to the number of such stalls seen during the run: by this
 //! watch's sleepers, and by the tests' pollers themselves (two polls 10 ms
 //! apart: a runnable thread kept off the cores, which a sleeper, favoured
-//! on wake-up, may not see). The sleepers are not pinned, so a stall of one
-//! vCPU may go unseen: the excuse errs on the strict side.
+//! on wake-up, may not see). A stall counts once per whole
+//! [`RETRANSMIT_FLOOR`] it lasted: a QP whose peer stays silent resends
+//! about that often until its timer has backed off. The sleepers are not
+//! pinned, so a stall of one vCPU may go unseen: the excuse errs on the
+//! strict side.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,9 +37,13 @@ static POLL_GAPS: AtomicU64 = AtomicU64::new(0);
 /// see.
 #[allow(dead_code)] // not every binary that includes this waits so
 pub fn note_poll_gap(gap: Duration) {
-    if gap >= RETRANSMIT_FLOOR {
-        POLL_GAPS.fetch_add(1, Ordering::Relaxed);
-    }
+    POLL_GAPS.fetch_add(floors(gap), Ordering::Relaxed);
+}
+
+/// How many whole [`RETRANSMIT_FLOOR`]s a stall of `late` lasted: the
+/// expiries it excuses.
+pub fn floors(late: Duration) -> u64 {
+    u64::try_from(late.as_nanos() / RETRANSMIT_FLOOR.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Sleepers that measure their own lateness until dropped (and the gaps
@@ -46,7 +53,8 @@ pub struct StallWatch {
     poll_gaps_at_start: u64,
     stop: Arc<AtomicBool>,
     worst_ns: Arc<AtomicU64>,
-    /// Wake-ups late by at least [`RETRANSMIT_FLOOR`].
+    /// Wake-ups late by at least [`RETRANSMIT_FLOOR`] (once per whole
+    /// floor).
     stalls: Arc<AtomicU64>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -67,9 +75,7 @@ impl StallWatch {
                         let before = Instant::now();
                         std::thread::sleep(nap);
                         let late = before.elapsed().saturating_sub(nap);
-                        if late >= RETRANSMIT_FLOOR {
-                            stalls.fetch_add(1, Ordering::Relaxed);
-                        }
+                        stalls.fetch_add(floors(late), Ordering::Relaxed);
                         let late = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
                         worst_ns.fetch_max(late, Ordering::Relaxed);
                     }
@@ -91,7 +97,8 @@ impl StallWatch {
     }
 
     /// How many times the host stalled a woken thread, or kept a waiting
-    /// test thread from polling, for at least [`RETRANSMIT_FLOOR`] so far.
+    /// test thread from polling, for at least [`RETRANSMIT_FLOOR`] so far
+    /// (a stall counting once per whole floor it lasted).
     pub fn stalls(&self) -> u64 {
         let gaps = POLL_GAPS
             .load(Ordering::Relaxed)
@@ -102,7 +109,8 @@ impl StallWatch {
 
 /// Whether `timeouts` retransmission timer expiries (and the resends they
 /// made) are excused by `stalls` host stalls of at least
-/// [`RETRANSMIT_FLOOR`]: each expiry needs a stall of its own.
+/// [`RETRANSMIT_FLOOR`] (counted once per whole floor): each expiry needs
+/// a stall of its own.
 pub fn excused(stalls: u64, timeouts: u64) -> bool {
     stalls > 0 && timeouts <= stalls
 }

@@ -966,6 +966,76 @@ fn dead_peer_ends_in_retry_exc_err_not_a_hang() {
     );
 }
 
+/// Side 0 SENDs 16 bytes to side 1 (which has a receive posted), both
+/// with IBTA `timeout` 12 (16.8 ms).
+fn one_send_with_timeout_12(seed: u64) -> Sim {
+    let [mut a, mut b] = [config(0x11, 0x22), config(0x22, 0x11)];
+    a.timeout = RcConfig::timeout_for(12);
+    b.timeout = a.timeout;
+    let mut sim = Sim::with_configs(seed, LinkFaults::CLEAN, a, b);
+    let (a_key, a_base) = register(&sim.sides[0].mem, 8192, all_access());
+    let (b_key, b_base) = register(&sim.sides[1].mem, 8192, all_access());
+    sim.sides[1].qp.post_recv(recv_wqe(9, b_key, b_base, 64));
+    sim.sides[0]
+        .qp
+        .post_send(send_wqe(1, WrOpcode::Send, a_key, a_base, 16));
+    sim
+}
+
+/// SEND ONLY packets side 0 transmitted.
+fn sends_transmitted(sim: &Sim) -> usize {
+    let send_only = Opcode::RC_SEND_ONLY.0;
+    sim.tx_opcodes[0]
+        .iter()
+        .filter(|&&o| o == send_only)
+        .count()
+}
+
+/// A peer whose answers stop for a little longer than `timeout` (a host
+/// that kept it off the cores) is resent to once: the IBTA timer waits
+/// for the adaptive timer's resend. (Before, the IBTA timer of the first
+/// send resent again 7 ms after the adaptive one, and a CI run counted
+/// both against one 19 ms host stall.)
+#[test]
+fn a_peer_silent_a_little_past_timeout_is_resent_to_once() {
+    let mut sim = one_send_with_timeout_12(21);
+    let timeout = RcConfig::timeout_for(12).unwrap();
+    // Its ACKs are lost until a little past `timeout`.
+    sim.mute[1] = true;
+    assert!(!sim.run_until(sim.start + timeout + Duration::from_millis(2)));
+    assert_eq!(sends_transmitted(&sim), 2, "the first send and one resend");
+    assert_eq!(sim.sides[0].qp.counters.timeouts, 1);
+    // Its answers come back: the next resend is acknowledged.
+    sim.mute[1] = false;
+    sim.run(Duration::from_secs(5));
+    assert_eq!(sim.sides[0].sends.len(), 1);
+    assert_eq!(sim.sides[0].sends[0].status, WcStatus::Success);
+    assert_eq!(sim.sides[1].recvs.len(), 1, "delivered once");
+    assert_eq!(sim.sides[1].recvs[0].0.byte_len, 16);
+}
+
+/// Waiting for the adaptive timer's resends, the IBTA timer still spends
+/// a dead peer's retries, each at most one adaptive timeout late:
+/// RETRY_EXC_ERR after the 8th expiry, well within the 4× `timeout` per
+/// expiry IBTA allows.
+#[test]
+fn a_dead_peer_spends_its_retries_a_timeout_apart() {
+    let mut sim = one_send_with_timeout_12(22);
+    let timeout = RcConfig::timeout_for(12).unwrap();
+    sim.mute[1] = true;
+    sim.run(Duration::from_secs(60));
+    let a = &sim.sides[0];
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(a.sends.len(), 1);
+    assert_eq!(a.sends[0].status, WcStatus::RetryExcErr);
+    // retry_cnt 7: the first send and one resend per expiry but the last.
+    let elapsed = sim.now - sim.start;
+    assert!(
+        elapsed >= timeout * 8 && elapsed <= timeout * 16,
+        "{elapsed:?}"
+    );
+}
+
 #[test]
 fn rnr_retries_then_succeeds_when_a_receive_is_posted() {
     let mut sim = Sim::new(6, LinkFaults::CLEAN);

@@ -461,6 +461,23 @@ impl RcQp {
             self.comp.fast_rto_at = None;
         }
         if self.comp.retransmit_at.is_some_and(|t| t <= now) {
+            if let Some(fast) = self
+                .comp
+                .fast_rto_at
+                .filter(|&f| f > now && self.comp.fast_backoff > 0)
+            {
+                // The adaptive timer resent since the last progress, and
+                // that resend is not yet overdue by its own measure: the
+                // IBTA timer waits for it. A peer kept off the cores a
+                // little past `timeout` (a host stall) is resent to once,
+                // not again a few milliseconds after the adaptive timer.
+                // A dead peer's retries each come at most one adaptive
+                // timeout late (at most 2 × `timeout` apart, within the 4×
+                // IBTA allows).
+                self.comp.retransmit_at = Some(fast);
+            }
+        }
+        if self.comp.retransmit_at.is_some_and(|t| t <= now) {
             if self.comp.retry_left == 0 {
                 self.fail_head(WcStatus::RetryExcErr);
                 return;
@@ -471,6 +488,11 @@ impl RcQp {
             self.req.cwnd.on_timeout(self.req.sent_high);
             self.rewind();
             self.comp.retransmit_at = self.cfg.timeout.map(|t| now + t);
+            // The resend just made is the adaptive timer's too: it waits a
+            // whole timeout of its own rather than resending again at once.
+            if self.comp.fast_rto_at.is_some() {
+                self.comp.fast_rto_at = Some(now + self.fast_rto());
+            }
         }
         let late_put_off = self
             .comp
