@@ -239,6 +239,13 @@ impl SpinYields {
     }
 }
 
+/// Whether the calling thread's spins over empty CQs have shown its core
+/// shared: a recent yield of it ran another thread (see
+/// [`Engine::yield_while_spinning`]).
+pub(crate) fn polling_crowded() -> bool {
+    YIELDS.get().crowded
+}
+
 /// When the calling thread's last park saw the socket `fd` empty as it
 /// woke (for another descriptor: a doorbell, the bell), if it did.
 pub(super) fn socket_seen_empty(fd: RawFd) -> Option<Instant> {

@@ -37,6 +37,9 @@ pub(super) const WATCHDOG_NANOS: u64 = WATCHDOG.as_nanos() as u64;
 /// thread woke 2,000 times a second per process and preempted the
 /// pollers).
 const PARKED_WATCHDOG: Duration = Duration::from_millis(2);
+/// While pollers whose core is shared spin, the same (see
+/// `CROWDED_GRACE` in the engine): a look then preempts one of them.
+const CROWDED_WATCHDOG: Duration = Duration::from_millis(2);
 
 /// What the engine thread watches for its device besides the network (the
 /// host's address changes, for the port): a descriptor to poll, if there
@@ -166,6 +169,8 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
                 let mut fds = [PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN)];
                 let watchdog = if engine.parked.load(Ordering::SeqCst) > 0 {
                     PARKED_WATCHDOG
+                } else if engine.pollers_crowded.load(Ordering::Relaxed) {
+                    CROWDED_WATCHDOG
                 } else {
                     WATCHDOG
                 };
