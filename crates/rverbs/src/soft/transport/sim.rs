@@ -1028,7 +1028,8 @@ fn a_dead_peer_spends_its_retries_a_timeout_apart() {
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(a.sends.len(), 1);
     assert_eq!(a.sends[0].status, WcStatus::RetryExcErr);
-    // retry_cnt 7: the first send and one resend per expiry but the last.
+    // retry_cnt 7: eight IBTA expiries, each at most 2 × `timeout` after
+    // the one before (the first after the send).
     let elapsed = sim.now - sim.start;
     assert!(
         elapsed >= timeout * 8 && elapsed <= timeout * 16,
