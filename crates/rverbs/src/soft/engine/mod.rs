@@ -147,7 +147,7 @@ const SOCKET_BUFFER_FORCED: usize = 16 << 20;
 const BUSY_POLL_GRACE: Duration = Duration::from_micros(500);
 /// The same for a poller whose yields show it shares its core
 /// (`park::polling_crowded`): the engine thread then looks only this often
-/// whether the pollers still poll (see `thread::CROWDED_WATCHDOG`). Each of
+/// whether the pollers still poll (see `thread::QUIET_WATCHDOG`). Each of
 /// its looks takes a core from a poller at once (the thread's short slice),
 /// and a program that busy-polls without a pause keeps the engine thread
 /// looking every grace: among four ping-pong pairs on two cores that was
@@ -819,8 +819,7 @@ impl Engine {
         } else {
             BUSY_POLL_GRACE
         };
-        self.busy_poll_until
-            .fetch_max(self.nanos_at(now + grace), Ordering::SeqCst);
+        self.hold_socket(now, grace);
     }
 
     /// Whether a poller that has spun its budget may park.
@@ -828,10 +827,10 @@ impl Engine {
         self.bell.parking()
     }
 
-    /// A poller parks on the socket until `until`: the engine thread leaves
-    /// it alone until [`BUSY_POLL_GRACE`] after that.
-    fn hold_socket_until(&self, until: Instant) {
-        let until = self.nanos_at(until + BUSY_POLL_GRACE);
+    /// A poller uses the socket until `until`: the engine thread leaves it
+    /// alone until `grace` after that.
+    fn hold_socket(&self, until: Instant, grace: Duration) {
+        let until = self.nanos_at(until + grace);
         self.busy_poll_until.fetch_max(until, Ordering::SeqCst);
     }
 

@@ -29,17 +29,16 @@ const ENGINE_SLICE: Duration = Duration::from_micros(100);
 /// whether they keep up with the socket.
 const WATCHDOG: Duration = Duration::from_micros(500);
 pub(super) const WATCHDOG_NANOS: u64 = WATCHDOG.as_nanos() as u64;
-/// While a poller is parked, the engine thread looks this seldom: the
+/// While a poller is parked, or pollers whose core is shared spin (see
+/// `CROWDED_GRACE` in the engine), the engine thread looks this seldom: a
 /// sleeper is woken by the kernel for every packet, doorbell and timer
 /// itself, so the look only covers a program that stops polling right
-/// after its park ends. Looking every [`WATCHDOG`] instead cost four
+/// after its park ends, and on a shared core each look preempts a poller.
+/// Looking every [`WATCHDOG`] while pollers were parked cost four
 /// ping-pong pairs on two cores about a quarter of their p99 (an engine
 /// thread woke 2,000 times a second per process and preempted the
 /// pollers).
-const PARKED_WATCHDOG: Duration = Duration::from_millis(2);
-/// While pollers whose core is shared spin, the same (see
-/// `CROWDED_GRACE` in the engine): a look then preempts one of them.
-const CROWDED_WATCHDOG: Duration = Duration::from_millis(2);
+const QUIET_WATCHDOG: Duration = Duration::from_millis(2);
 
 /// What the engine thread watches for its device besides the network (the
 /// host's address changes, for the port): a descriptor to poll, if there
@@ -167,10 +166,10 @@ fn engine_thread(engine: &Engine, watch: Box<dyn Watch>) {
             engine.thread_off_socket.store(true, Ordering::SeqCst);
             if engine.busy_polled_until(now).is_some() {
                 let mut fds = [PollFd::new(engine.waker.as_fd(), PollFlags::POLLIN)];
-                let watchdog = if engine.parked.load(Ordering::SeqCst) > 0 {
-                    PARKED_WATCHDOG
-                } else if engine.pollers_crowded.load(Ordering::Relaxed) {
-                    CROWDED_WATCHDOG
+                let watchdog = if engine.parked.load(Ordering::SeqCst) > 0
+                    || engine.pollers_crowded.load(Ordering::Relaxed)
+                {
+                    QUIET_WATCHDOG
                 } else {
                     WATCHDOG
                 };

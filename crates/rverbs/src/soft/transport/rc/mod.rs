@@ -460,22 +460,17 @@ impl RcQp {
             self.comp.retransmit_at = None;
             self.comp.fast_rto_at = None;
         }
-        if self.comp.retransmit_at.is_some_and(|t| t <= now) {
-            if let Some(fast) = self
-                .comp
-                .fast_rto_at
-                .filter(|&f| f > now && self.comp.fast_backoff > 0)
-            {
-                // The adaptive timer resent since the last progress, and
-                // that resend is not yet overdue by its own measure: the
-                // IBTA timer waits for it. A peer kept off the cores a
-                // little past `timeout` (a host stall) is resent to once,
-                // not again a few milliseconds after the adaptive timer.
-                // A dead peer's retries each come at most one adaptive
-                // timeout late (at most 2 × `timeout` apart, within the 4×
-                // IBTA allows).
-                self.comp.retransmit_at = Some(fast);
-            }
+        // The adaptive timer resent since the last progress, and that
+        // resend is not yet overdue by its own measure: a due IBTA timer
+        // waits for it. A peer kept off the cores a little past `timeout`
+        // (a host stall) is resent to once, not again a few milliseconds
+        // after the adaptive timer. A dead peer's retries each come at most
+        // one adaptive timeout late (at most 2 × `timeout` apart, within
+        // the 4× IBTA allows).
+        let fast_resend_pending =
+            self.comp.fast_backoff > 0 && self.comp.fast_rto_at.is_some_and(|f| f > now);
+        if fast_resend_pending && self.comp.retransmit_at.is_some_and(|t| t <= now) {
+            self.comp.retransmit_at = self.comp.fast_rto_at;
         }
         if self.comp.retransmit_at.is_some_and(|t| t <= now) {
             if self.comp.retry_left == 0 {
