@@ -138,8 +138,8 @@ impl CompletionQueue {
         // for a while.
         let polling = !armed;
         if polling {
-            engine.note_busy_poll(now);
             let t = engine.nanos_at(now);
+            engine.note_busy_poll(t);
             if engine.may_park() && core.wait.empty(t, engine.pushed()) {
                 if engine.park(now, core.handle, || core.len() > 0) != Parked::No {
                     core.wait.parking();

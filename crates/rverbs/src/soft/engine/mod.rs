@@ -805,11 +805,12 @@ impl Engine {
         self.with_slot(AckPolicy::Hold, qpn, |slot| slot.post_recv(wrs, prepare))
     }
 
-    /// An application thread busy-polls a CQ: for [`BUSY_POLL_GRACE`]
+    /// An application thread busy-polls a CQ at engine time `now` (see
+    /// [`nanos_at`](Self::nanos_at)): for [`BUSY_POLL_GRACE`]
     /// ([`CROWDED_GRACE`] if its core is shared) the engine thread leaves
     /// the socket and the timers to it.
-    pub(crate) fn note_busy_poll(&self, now: Instant) {
-        self.last_poll.store(self.nanos_at(now), Ordering::Relaxed);
+    pub(crate) fn note_busy_poll(&self, now: u64) {
+        self.last_poll.store(now, Ordering::Relaxed);
         let crowded = park::polling_crowded();
         if self.pollers_crowded.load(Ordering::Relaxed) != crowded {
             self.pollers_crowded.store(crowded, Ordering::Relaxed);
@@ -827,11 +828,12 @@ impl Engine {
         self.bell.parking()
     }
 
-    /// A poller uses the socket until `until`: the engine thread leaves it
-    /// alone until `grace` after that.
-    fn hold_socket(&self, until: Instant, grace: Duration) {
-        let until = self.nanos_at(until + grace);
-        self.busy_poll_until.fetch_max(until, Ordering::SeqCst);
+    /// A poller uses the socket until engine time `until`: the engine
+    /// thread leaves it alone until `grace` after that.
+    fn hold_socket(&self, until: u64, grace: Duration) {
+        let grace = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
+        self.busy_poll_until
+            .fetch_max(until.saturating_add(grace), Ordering::SeqCst);
     }
 
     /// Whether the threads that poll may be behind the socket: none polled

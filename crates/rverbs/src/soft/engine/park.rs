@@ -652,7 +652,7 @@ impl Engine {
         if wait.is_zero() {
             return Parked::No;
         }
-        self.hold_socket(until, BUSY_POLL_GRACE);
+        self.hold_socket(self.nanos_at(until), BUSY_POLL_GRACE);
         self.parked.fetch_add(1, Ordering::SeqCst);
         self.bell.parked.fetch_add(1, Ordering::SeqCst);
         // A completion pushed from here on rings the bell (`ring` sees the
